@@ -1,0 +1,76 @@
+"""Ordered parallel map over worker processes, with a progress bar."""
+
+import multiprocessing
+import os
+import signal
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from tqdm.auto import tqdm
+
+from fastdata.errors import FastdataError
+
+
+def default_workers():
+    """Number of CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None):
+    """Yield ``fn(item)`` for each of ``items``, in order, computed on ``workers`` processes.
+
+    The result does not depend on ``workers``. ``fn`` must be a picklable
+    top-level function. A worker that dies raises FastdataError.
+    """
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers should be a positive integer, got workers={workers}")
+    with tqdm(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True) as bar:
+        if workers == 1 or len(items) < 2:
+            for item in items:
+                yield fn(item)
+                bar.update()
+            return
+        for chunk in _pooled_chunks(fn, items, workers):
+            yield from chunk
+            bar.update(len(chunk))
+
+
+def _pooled_chunks(fn, items, workers):
+    chunk_size = max(1, min(64, len(items) // (workers * 8)))
+    chunks = (items[i : i + chunk_size] for i in range(0, len(items), chunk_size))
+    context = multiprocessing.get_context(_start_method())
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_sigint)
+    pending = deque()
+    try:
+        for chunk in chunks:
+            pending.append(pool.submit(_map_chunk, fn, chunk))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool as exc:
+        raise FastdataError(
+            "a conversion worker process died (killed, or out of memory); nothing "
+            "was written. Run again, with fewer --workers if memory is short."
+        ) from exc
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _map_chunk(fn, chunk):
+    return [fn(item) for item in chunk]
+
+
+def _ignore_sigint():
+    # Ctrl-C is handled once, in the parent, which stops the pool and cleans up.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_method():
+    # NOTE [worker start]: forking a parent that may hold torch's threads or
+    # locks is unsafe; forkserver children start clean and import only what
+    # the converter needs (fastdata's package import does not pull in torch).
+    methods = multiprocessing.get_all_start_methods()
+    return "forkserver" if "forkserver" in methods else "spawn"

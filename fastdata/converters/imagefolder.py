@@ -1,0 +1,253 @@
+"""Image folder -> packed file: one sub-folder per class, class index in sorted order."""
+
+import os
+import time
+import warnings
+from contextlib import closing
+from functools import partial
+
+import numpy as np
+
+from fastdata.converters._output import staged_output
+from fastdata.converters._parallel import ordered_map
+from fastdata.converters.report import ConversionReport
+from fastdata.errors import SampleError, SourceError
+from fastdata.formats import Columns, write_packed
+from fastdata.images import IMAGE_EXTENSIONS, ImageSpec, decode_jpeg, encode_jpeg, load_image
+
+STORAGE_MODES = ("raw", "jpeg")
+ON_ERROR = ("skip", "warn", "raise")
+
+
+def find_images(root):
+    """List the images of an ImageFolder tree.
+
+    Files in nested folders belong to their top-level class; hidden files and
+    folders and files without an image extension are ignored; symlinked
+    folders are followed once each.
+
+    Returns:
+        ``(classes, paths, labels)``: sorted class names, image paths relative
+        to ``root`` (sorted within each class) and int64 labels ``[N]``.
+
+    Raises:
+        SourceError: ``root`` is not a folder, has no class folder, or a class
+            folder holds no image file.
+    """
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        raise SourceError(f"{root!r} is not a folder; expected {root}/<class>/<image>")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise SourceError(f"{root!r} has no class folders; expected {root}/<class>/<image>")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        found = sorted(_walk_images(os.path.join(root, name)))
+        if not found:
+            raise SourceError(
+                f"class folder {name!r} in {root!r} has no image files "
+                f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder"
+            )
+        paths += [os.path.join(name, path) for path in found]
+        labels += [label] * len(found)
+    return classes, paths, np.asarray(labels, dtype=np.int64)
+
+
+def _walk_images(top):
+    seen = set()
+    for folder, subfolders, files in os.walk(top, followlinks=True):
+        stat = os.stat(folder)
+        if (stat.st_dev, stat.st_ino) in seen:  # a symlink loop or a second link
+            subfolders[:] = []
+            continue
+        seen.add((stat.st_dev, stat.st_ino))
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        for name in files:
+            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+                yield os.path.relpath(os.path.join(folder, name), top)
+
+
+def convert_imagefolder(
+    root,
+    out,
+    *,
+    size=64,
+    resize="crop",
+    resample="bilinear",
+    storage="raw",
+    quality=90,
+    workers=None,
+    on_error="skip",
+    overwrite=False,
+    progress=True,
+):
+    """Preprocess an image folder once into a packed ``.h5`` or ``.arrow`` file.
+
+    Args:
+        root: ImageFolder tree (``root/<class>/<image>``).
+        out: output path; its extension picks the format.
+        size: stored size, an int (square) or ``(height, width)``.
+        resize: "crop", "pad" or "stretch" (see ImageSpec).
+        resample: Pillow filter name ("bilinear", "bicubic", "lanczos", "nearest").
+        storage: "raw" (uint8 [3, H, W], fastest to load) or "jpeg"
+            (re-encoded at ``quality``, decoded when loading).
+        workers: processes to decode with; default all cores.
+        on_error: for an image that cannot be used: "skip" it, "warn" and skip
+            it, or "raise" SampleError.
+        overwrite: replace an existing ``out``.
+        progress: show a progress bar (only on a terminal).
+
+    Returns:
+        ConversionReport.
+
+    Example:
+        >>> convert_imagefolder("photos/train", "train.h5", size=64)
+    """
+    started = time.perf_counter()
+    height, width = (size, size) if isinstance(size, int) else size
+    spec = ImageSpec(height, width, resize=resize, resample=resample)
+    _check_choice("storage", storage, STORAGE_MODES)
+    _check_choice("on_error", on_error, ON_ERROR)
+    if not 1 <= quality <= 100:
+        raise ValueError(f"quality should be in 1..100, got quality={quality}")
+    classes, paths, labels = find_images(root)
+    with staged_output(out, overwrite) as (staging, staged_path):
+        sink = _RawSink(staging, len(paths), spec) if storage == "raw" else _JpegSink(staging)
+        prepare = partial(_prepare_image, spec=spec, storage=storage, quality=quality)
+        sources = [os.path.join(root, path) for path in paths]
+        # Decode, preprocess and encode every image, in input order.
+        kept, skipped, stats = [], [], _PixelStats()
+        with closing(ordered_map(prepare, sources, workers=workers, progress=progress, unit="img")) as results:
+            for index, (payload, sums, reason) in enumerate(results):
+                if payload is None:
+                    _handle_bad_image(paths[index], index, reason, on_error)
+                    skipped.append((paths[index], reason))
+                    continue
+                sink.append(payload)
+                stats.add(sums)
+                kept.append(index)
+        # Check every class kept an image, then write labels and metadata.
+        kept_labels = labels[kept]
+        class_counts = np.bincount(kept_labels, minlength=len(classes))
+        _check_classes_kept(classes, class_counts, root, skipped)
+        metadata = {
+            "kind": "image",
+            "storage": storage,
+            "num_samples": len(kept),
+            "sample_shape": [3, height, width],
+            "sample_dtype": "uint8",
+            "classes": classes,
+            "class_counts": class_counts.tolist(),
+            **stats.mean_std(),
+            "preprocessing": {
+                **spec.to_dict(),
+                "quality": quality if storage == "jpeg" else None,
+                "exif_transpose": True,
+                "jpeg_draft": True,
+            },
+            "source": {"root": os.path.abspath(root), "num_inputs": len(paths)},
+            "skipped": [{"path": path, "reason": reason} for path, reason in skipped],
+        }
+        write_packed(staged_path, sink.columns(kept_labels), metadata)
+    return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "img")
+
+
+def _prepare_image(path, spec, storage, quality):
+    """Return ``(payload bytes, channel sums, None)`` or ``(None, None, reason)``."""
+    try:
+        pixels = load_image(path, spec)
+    except Exception as exc:  # any decoder failure means this input is unusable
+        return None, None, f"{type(exc).__name__}: {exc}"
+    if storage == "jpeg":
+        payload = encode_jpeg(pixels, quality)
+        pixels = decode_jpeg(payload)  # statistics of what is stored
+    else:
+        payload = pixels.transpose(2, 0, 1).tobytes()
+    wide = pixels.reshape(-1, 3).astype(np.int64)
+    return payload, (len(wide), wide.sum(0).tolist(), (wide * wide).sum(0).tolist()), None
+
+
+def _handle_bad_image(path, index, reason, on_error):
+    if on_error == "raise":
+        raise SampleError(
+            f"cannot use image {path!r} (input {index}): {reason}; "
+            "pass on_error='skip' (--on-error skip) to leave it out",
+            path=path,
+            index=index,
+        )
+    if on_error == "warn":
+        warnings.warn(f"skipped image {path!r}: {reason}", stacklevel=3)
+
+
+def _check_classes_kept(classes, class_counts, root, skipped):
+    empty = [name for name, count in zip(classes, class_counts) if count == 0]
+    if empty:
+        raise SourceError(
+            f"class folder(s) {empty} in {root!r} have no usable image "
+            f"({len(skipped)} images skipped, first: {skipped[0][0]}: {skipped[0][1]}); "
+            "fix or remove those folders"
+        )
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} should be one of {choices}, got {name}={value!r}")
+
+
+class _PixelStats:
+    """Exact integer per-channel sums of stored pixels, so the result is order-free."""
+
+    def __init__(self):
+        self.pixels, self.sums, self.squares = 0, np.zeros(3, object), np.zeros(3, object)
+
+    def add(self, stats):
+        pixels, sums, squares = stats
+        self.pixels += pixels
+        self.sums += np.asarray(sums, object)
+        self.squares += np.asarray(squares, object)
+
+    def mean_std(self):
+        """Return per-channel mean and std on the 0..1 scale (as ToTensor gives)."""
+        if not self.pixels:
+            return {"mean": None, "std": None}
+        mean = [float(s) / self.pixels for s in self.sums]
+        variance = [float(q) / self.pixels - m * m for q, m in zip(self.squares, mean)]
+        return {
+            "mean": [round(m / 255, 6) for m in mean],
+            "std": [round(max(v, 0.0) ** 0.5 / 255, 6) for v in variance],
+        }
+
+
+class _RawSink:
+    """Appends uint8 [3, H, W] images to a staging memmap, in input order."""
+
+    def __init__(self, staging, capacity, spec):
+        shape = (capacity, 3, spec.height, spec.width)
+        self._images = np.memmap(os.path.join(staging, "images.u8"), mode="w+", dtype=np.uint8, shape=shape)
+        self._count = 0
+
+    def append(self, payload):
+        self._images[self._count] = np.frombuffer(payload, np.uint8).reshape(self._images.shape[1:])
+        self._count += 1
+
+    def columns(self, labels):
+        return Columns(self._images[: self._count], labels)
+
+
+class _JpegSink:
+    """Appends JPEG bytes to a staging file and records their offsets."""
+
+    def __init__(self, staging):
+        self._path = os.path.join(staging, "images.jpeg")
+        self._file = open(self._path, "wb")
+        self._offsets = [0]
+
+    def append(self, payload):
+        self._file.write(payload)
+        self._offsets.append(self._offsets[-1] + len(payload))
+
+    def columns(self, labels):
+        self._file.close()
+        size = self._offsets[-1]
+        values = np.memmap(self._path, mode="r", dtype=np.uint8, shape=(size,)) if size else np.empty(0, np.uint8)
+        return Columns(values, labels, np.asarray(self._offsets, dtype=np.int64))

@@ -1,0 +1,40 @@
+"""Packed file formats: the container is picked by the file's extension."""
+
+import os
+
+from fastdata.formats.arrow import read_arrow, write_arrow
+from fastdata.formats.hdf5 import read_hdf5, write_hdf5
+from fastdata.formats.layout import FORMAT_VERSION, Columns
+
+_FORMATS = {
+    ".h5": ("hdf5", write_hdf5, read_hdf5),
+    ".hdf5": ("hdf5", write_hdf5, read_hdf5),
+    ".arrow": ("arrow", write_arrow, read_arrow),
+}
+
+
+def format_of(path):
+    """Return "hdf5" or "arrow" for ``path``'s extension; raise ValueError otherwise."""
+    return _lookup(path)[0]
+
+
+def write_packed(path, columns, metadata):
+    """Write a packed file in the format named by ``path``'s extension."""
+    _lookup(path)[1](path, columns, metadata)
+
+
+def read_packed(path):
+    """Open a packed file of either format; return ``(columns, metadata)``."""
+    return _lookup(path)[2](path)
+
+
+def _lookup(path):
+    ext = os.path.splitext(os.fspath(path))[1].lower()
+    if ext not in _FORMATS:
+        raise ValueError(
+            f"{os.fspath(path)!r}: unknown extension {ext!r}; use .h5, .hdf5 or .arrow"
+        )
+    return _FORMATS[ext]
+
+
+__all__ = ["FORMAT_VERSION", "Columns", "format_of", "read_packed", "write_packed"]

@@ -1,0 +1,100 @@
+"""Packed layout in Apache Arrow IPC: one record batch, read zero-copy from a memory map.
+
+Columns: ``sample`` (fixed_size_binary for fixed samples, large_binary for
+ragged bytes, large_list<uint*> for ragged token ids) and ``label`` (int64).
+The whole table is one record batch so that every column is a single
+contiguous buffer in the file, which numpy can view without copying.
+"""
+
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from fastdata.errors import FormatError
+from fastdata.formats.layout import (
+    METADATA_KEY,
+    Columns,
+    check_columns,
+    decode_metadata,
+    encode_metadata,
+)
+
+
+def write_arrow(path, columns, metadata):
+    """Write ``columns`` and ``metadata`` to a new Arrow IPC file at ``path``."""
+    samples = _sample_array(columns)
+    labels = pa.array(np.ascontiguousarray(columns.labels, dtype=np.int64))
+    schema = pa.schema(
+        [("sample", samples.type), ("label", pa.int64())],
+        metadata={METADATA_KEY: encode_metadata(metadata)},
+    )
+    batch = pa.record_batch([samples, labels], schema=schema)
+    with pa.OSFile(os.fspath(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+
+
+def _sample_array(columns):
+    n = columns.num_samples
+    values = pa.py_buffer(np.ascontiguousarray(columns.samples))
+    if not columns.ragged:
+        row_bytes = columns.samples.nbytes // n if n else 0
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(row_bytes), n, [None, values])
+    offsets = pa.py_buffer(np.ascontiguousarray(columns.offsets, dtype=np.int64))
+    if columns.samples.dtype == np.uint8:
+        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, offsets, values])
+    child = pa.Array.from_buffers(
+        pa.from_numpy_dtype(columns.samples.dtype), len(columns.samples), [None, values]
+    )
+    return pa.LargeListArray.from_buffers(pa.large_list(child.type), n, [None, offsets], children=[child])
+
+
+def read_arrow(path):
+    """Open a packed Arrow file; return ``(columns, metadata)`` viewing its memory map.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        FormatError: the file is not a complete fastdata Arrow file.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path!r} does not exist")
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+        schema_metadata = reader.schema.metadata or {}
+        metadata = decode_metadata(schema_metadata.get(METADATA_KEY.encode()), path)
+        if reader.num_record_batches != 1:
+            raise FormatError(f"{path!r}: expected one record batch, found {reader.num_record_batches}")
+        batch = reader.get_batch(0)
+    except (pa.ArrowException, OSError) as exc:
+        raise FormatError(
+            f"{path!r} is not a readable Arrow IPC file (truncated, corrupt or "
+            f"not Arrow): {exc}. Re-run \"fastdata convert\"."
+        ) from exc
+    if batch.schema.names != ["sample", "label"]:
+        raise FormatError(f"{path!r}: unexpected columns {batch.schema.names}")
+    columns = _columns(batch, metadata)
+    check_columns(columns, metadata, path)
+    return columns, metadata
+
+
+def _columns(batch, metadata):
+    samples = batch.column("sample")
+    labels = batch.column("label").to_numpy(zero_copy_only=True)
+    n = len(samples)
+    if pa.types.is_fixed_size_binary(samples.type):
+        dtype = np.dtype(metadata["sample_dtype"])
+        flat = _view(samples.buffers()[1], np.uint8, n * samples.type.byte_width)
+        return Columns(flat.view(dtype).reshape(n, *metadata["sample_shape"]), labels)
+    offsets = _view(samples.buffers()[1], np.int64, n + 1)
+    if pa.types.is_large_binary(samples.type):
+        values = _view(samples.buffers()[2], np.uint8, int(offsets[-1]))
+    else:
+        values = samples.values.to_numpy(zero_copy_only=True)
+    return Columns(values, labels, offsets)
+
+
+def _view(buffer, dtype, count):
+    if buffer is None or count == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer(buffer, dtype=dtype, count=count)

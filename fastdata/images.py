@@ -1,0 +1,128 @@
+"""Pillow image preprocessing shared by the converter and the JPEG loader path.
+
+Everything here works on numpy arrays and PIL images only (no torch), so that
+converter worker processes start quickly.
+"""
+
+import io
+import warnings
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
+RESIZE_MODES = ("crop", "pad", "stretch")
+RESAMPLE_FILTERS = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """How every image is brought to one stored shape.
+
+    Attributes:
+        height, width: stored size in pixels.
+        resize: "crop" (cover the size, then center crop), "pad" (fit inside,
+            then pad with ``background``) or "stretch" (ignore aspect ratio).
+        resample: a key of RESAMPLE_FILTERS.
+        background: RGB colour behind transparent pixels and padding.
+    """
+
+    height: int
+    width: int
+    resize: str = "crop"
+    resample: str = "bilinear"
+    background: tuple = (255, 255, 255)
+
+    def __post_init__(self):
+        if self.height < 1 or self.width < 1:
+            raise ValueError(f"size should be positive, got {self.height}x{self.width}")
+        if self.resize not in RESIZE_MODES:
+            raise ValueError(f"resize should be one of {RESIZE_MODES}, got {self.resize!r}")
+        if self.resample not in RESAMPLE_FILTERS:
+            raise ValueError(f"resample should be one of {tuple(RESAMPLE_FILTERS)}, got {self.resample!r}")
+
+    def to_dict(self):
+        return {**asdict(self), "background": list(self.background)}
+
+
+def load_image(path, spec):
+    """Decode ``path`` and preprocess it to ``spec``; return uint8 ``[H, W, 3]``.
+
+    Raises whatever Pillow raises for an unusable file (OSError, ValueError,
+    Image.DecompressionBombError, ...); the caller reports it.
+    """
+    with warnings.catch_warnings():
+        # Pillow warns (rather than fails) between 1x and 2x MAX_IMAGE_PIXELS;
+        # we treat both as a bomb. Other warnings (odd EXIF, ...) are harmless.
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(path) as img:
+            # JPEG only: decode at 1/2, 1/4 or 1/8 scale, never below the target.
+            longest = max(spec.height, spec.width)
+            img.draft(None, (longest, longest))
+            img.load()
+            upright = ImageOps.exif_transpose(img)
+            return np.asarray(resize(to_rgb(upright, spec.background), spec))
+
+
+def to_rgb(img, background=(255, 255, 255)):
+    """Return ``img`` as 8-bit RGB; transparency is composited on ``background``."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in _SIXTEEN_BIT_MODES:
+        pixels = np.asarray(img, dtype=np.int64)
+        img = Image.fromarray((np.clip(pixels, 0, 65535) >> 8).astype(np.uint8), "L")
+    elif img.mode == "F":
+        img = Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8), "L")
+    elif img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in _ALPHA_MODES:
+        rgba = img.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (*background, 255))
+        return Image.alpha_composite(canvas, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def resize(img, spec):
+    """Resize an RGB image to ``spec``'s size with its resize policy."""
+    size = (spec.width, spec.height)
+    resample = RESAMPLE_FILTERS[spec.resample]
+    w, h = img.size
+    if spec.resize == "stretch":
+        return img.resize(size, resample)
+    if spec.resize == "crop":
+        # Resample only the centered box with the target's aspect ratio.
+        scale = max(spec.width / w, spec.height / h)
+        box_w, box_h = spec.width / scale, spec.height / scale
+        left, top = (w - box_w) / 2, (h - box_h) / 2
+        return img.resize(size, resample, box=(left, top, left + box_w, top + box_h))
+    scale = min(spec.width / w, spec.height / h)
+    inner = (max(1, round(w * scale)), max(1, round(h * scale)))
+    canvas = Image.new("RGB", size, spec.background)
+    canvas.paste(img.resize(inner, resample), ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2))
+    return canvas
+
+
+def encode_jpeg(pixels, quality):
+    """Encode uint8 ``[H, W, 3]`` pixels as JPEG bytes."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def decode_jpeg(data, out=None):
+    """Decode JPEG bytes to uint8 ``[H, W, 3]``; write into ``out`` ([3, H, W]) if given."""
+    with Image.open(io.BytesIO(data)) as img:
+        pixels = np.asarray(img.convert("RGB") if img.mode != "RGB" else img)
+    if out is None:
+        return pixels
+    out[...] = pixels.transpose(2, 0, 1)
+    return out

@@ -1,0 +1,162 @@
+"""make_loader(): batches from a packed dataset, read whole and without collation.
+
+NOTE [in-process default]: measured on a 2-core machine (5,000 images at
+64x64, batch 256), sorted batch reads from a memory map ran at ~1,000,000
+img/s in the main process but ~35,000 img/s through a DataLoader with 2
+workers, where every batch crosses processes in a new shared-memory tensor.
+So raw batches are read in the main process by a background thread that
+overlaps reading with the training step, and JPEG batches are decoded by a
+thread pool (Pillow releases the GIL). Worker processes are used only when
+asked for with ``num_workers > 0``, and then each worker reads whole batches.
+"""
+
+import queue
+import threading
+
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata.samplers import BatchIndexSampler
+
+
+def make_loader(
+    dataset,
+    batch_size=256,
+    *,
+    shuffle=False,
+    seed=0,
+    drop_last=False,
+    num_workers=0,
+    pin_memory=None,
+    prefetch_factor=2,
+    persistent_workers=True,
+    multiprocessing_context=None,
+):
+    """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
+
+    Args:
+        dataset: an HDF5Dataset or ArrowDataset (anything with ``read_batch``).
+        batch_size: samples per batch.
+        shuffle: a new seeded permutation each epoch.
+        seed: base seed of the permutations.
+        drop_last: leave out a last, smaller batch.
+        num_workers: 0 reads in this process with a background thread (the
+            fastest for packed files, see NOTE [in-process default]); more
+            starts a torch DataLoader whose workers each read whole batches.
+        pin_memory: page-locked batches for fast GPU copies; default: only
+            where CUDA is available.
+        prefetch_factor: batches read ahead (per worker with workers).
+        persistent_workers: keep worker processes between epochs.
+        multiprocessing_context: start method for workers ("fork", "spawn", ...).
+
+    Returns:
+        an iterable with ``len``, ``batch_size``, ``dataset`` and ``sampler``:
+        a ``torch.utils.data.DataLoader`` when ``num_workers > 0``.
+
+    Example:
+        >>> loader = make_loader(HDF5Dataset("train.h5"), batch_size=256, shuffle=True)
+        >>> for images, labels in loader: ...
+    """
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers should be a non-negative integer, got num_workers={num_workers!r}")
+    if not isinstance(prefetch_factor, int) or prefetch_factor < 0:
+        raise ValueError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
+    if not hasattr(dataset, "read_batch"):
+        raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    if num_workers == 0:
+        return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
+    return DataLoader(
+        _WholeBatches(dataset),
+        batch_size=None,  # the sampler yields whole batches
+        sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=_as_is,
+        pin_memory=pin_memory,
+        prefetch_factor=max(prefetch_factor, 1),
+        persistent_workers=persistent_workers,
+        multiprocessing_context=multiprocessing_context,
+    )
+
+
+class BatchLoader:
+    """Read batches in this process, ``prefetch_factor`` ahead on a background thread.
+
+    Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``.
+    """
+
+    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2):
+        self.dataset = dataset
+        self.sampler = sampler
+        self.batch_size = sampler.batch_size
+        self.pin_memory = pin_memory
+        self.prefetch_factor = prefetch_factor
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __iter__(self):
+        batches = (self.dataset.read_batch(indices, self.pin_memory) for indices in self.sampler)
+        if self.prefetch_factor == 0:
+            return batches
+        return _read_ahead(batches, self.prefetch_factor)
+
+
+_DONE = object()
+
+
+def _read_ahead(batches, depth):
+    """Yield from ``batches`` while a thread produces up to ``depth`` ahead."""
+    ready = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item):
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for batch in batches:
+                if not offer((batch, None)):
+                    return
+            offer((_DONE, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer((_DONE, exc))
+
+    thread = threading.Thread(target=produce, name="fastdata-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch, error = ready.get()
+            if batch is _DONE:
+                if error is not None:
+                    raise error
+                return
+            yield batch
+    finally:
+        stop.set()
+        thread.join()
+
+
+class _WholeBatches:
+    """Dataset whose items are whole batches: ``self[indices] -> read_batch(indices)``."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, indices):
+        return self.dataset.read_batch(indices)
+
+
+def _as_is(batch):
+    return batch
