@@ -11,17 +11,15 @@ memory stays flat over an epoch.
 """
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
-from fastdata.converters._parallel import default_workers
+from fastdata.decoders import decoder_for
 from fastdata.formats import format_of
 from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
-from fastdata.images import decode_jpeg
 
 
 class PackedDataset(Dataset):
@@ -41,7 +39,7 @@ class PackedDataset(Dataset):
         self.storage = self.metadata.get("storage")
         self.sample_shape = tuple(self.metadata["sample_shape"])
         self._num_samples = self.metadata["num_samples"]
-        self._columns, self._pid, self._threads = None, None, None
+        self._columns, self._pid, self._decoder = None, None, None
 
     @staticmethod
     def _read(path):
@@ -50,7 +48,7 @@ class PackedDataset(Dataset):
     def _open(self):  # see NOTE [lazy open]
         if self._columns is None or self._pid != os.getpid():
             self._columns, _ = self._read(self.path)
-            self._pid, self._threads = os.getpid(), None
+            self._pid, self._decoder = os.getpid(), decoder_for(self.metadata, self.path)
         return self._columns
 
     @property
@@ -67,68 +65,42 @@ class PackedDataset(Dataset):
         return self._num_samples
 
     def __getitem__(self, index):
-        """Return ``(image uint8 [3, H, W], label int)`` read on its own."""
+        """Return ``(sample, label int)`` read on its own."""
         index = self._check_index(index)
         columns = self._open()
-        if self.storage == "jpeg":
-            start, stop = columns.offsets[index], columns.offsets[index + 1]
-            image = torch.from_numpy(decode_jpeg(columns.samples[start:stop].tobytes()).transpose(2, 0, 1).copy())
-        else:
-            image = torch.from_numpy(np.array(columns.samples[index]))
+        sample = self._decoder.item(columns, index)
         if self.transform is not None:
-            image = self.transform(image)
-        return image, int(columns.labels[index])
+            sample = self.transform(sample)
+        return sample, int(columns.labels[index])
 
     def __getitems__(self, indices):
-        """Return a list of ``(image, label)`` items, read as one sorted batch."""
+        """Return a list of ``(sample, label)`` items, read as one sorted batch."""
         indices = np.asarray(indices, dtype=np.int64)
         order = np.argsort(indices, kind="stable")
-        images, labels = self.read_batch(indices[order])
+        *samples, labels = self.read_batch(indices[order])
         caller = np.empty_like(order)
         caller[order] = np.arange(len(order))
-        return [(images[i], int(labels[i])) for i in caller]
+        if len(samples) == 1:
+            return [(samples[0][i], int(labels[i])) for i in caller]
+        return [(tuple(part[i] for part in samples), int(labels[i])) for i in caller]
 
     def read_batch(self, indices, pin_memory=False):
-        """Read a batch in one pass; return ``(images uint8 [B, 3, H, W], labels int64 [B])``.
+        """Read a batch in one pass; return ``(*samples, labels int64 [B])``.
 
-        ``indices`` should be sorted for a single forward pass over the file;
-        any order is read correctly. With ``pin_memory`` the images are
-        written straight into page-locked memory.
+        For images ``samples`` is ``images uint8 [B, 3, H, W]``. ``indices``
+        should be sorted for a single forward pass over the file; any order
+        is read correctly. With ``pin_memory`` the batch is written straight
+        into page-locked memory.
 
         Raises:
             IndexError: an index is out of range.
         """
         indices = self._check_indices(np.asarray(indices, dtype=np.int64))
         columns = self._open()
-        images = torch.empty((len(indices), *self.sample_shape), dtype=torch.uint8, pin_memory=pin_memory)
-        if self.storage == "jpeg":
-            self._decode_into(columns, indices, images.numpy())
-        else:
-            np.take(columns.samples, indices, axis=0, out=images.numpy())
+        samples = self._decoder.batch(columns, indices, pin_memory)
         if self.transform is not None:
-            images = torch.stack([self.transform(image) for image in images])
-        return images, torch.from_numpy(columns.labels[indices])
-
-    def _decode_into(self, columns, indices, out):
-        # Pillow releases the GIL while decoding, so threads use every core.
-        starts, stops = columns.offsets[indices], columns.offsets[indices + 1]
-        values = columns.samples
-
-        def decode(rows):
-            for row in rows:
-                decode_jpeg(values[starts[row] : stops[row]].tobytes(), out[row])
-
-        threads = self._decode_threads()
-        if threads == 1 or len(indices) < 2:
-            decode(range(len(indices)))
-            return
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode")
-        list(self._threads.map(decode, np.array_split(np.arange(len(indices)), threads)))
-
-    def _decode_threads(self):
-        # Inside DataLoader workers the processes already use the cores.
-        return 1 if get_worker_info() is not None else default_workers()
+            samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
+        return (*samples, torch.from_numpy(columns.labels[indices]))
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
@@ -146,7 +118,7 @@ class PackedDataset(Dataset):
         return np.where(indices < 0, indices + self._num_samples, indices)
 
     def __getstate__(self):
-        return {**self.__dict__, "_columns": None, "_pid": None, "_threads": None}
+        return {**self.__dict__, "_columns": None, "_pid": None, "_decoder": None}
 
     def __repr__(self):
         shape = ",".join(map(str, self.sample_shape))
