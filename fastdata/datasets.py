@@ -102,6 +102,11 @@ class PackedDataset(Dataset):
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
         return (*samples, torch.from_numpy(columns.labels[indices]))
 
+    def max_batch_bytes(self, batch_size):
+        """Return an upper bound of the bytes in one batch (labels included), or None."""
+        sample_bytes = decoder_for(self.metadata, self.path).max_batch_bytes(batch_size)
+        return None if sample_bytes is None else sample_bytes + 8 * batch_size + 256
+
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
             raise TypeError(f"index should be an integer, got {type(index).__name__}")

@@ -17,11 +17,18 @@ from fastdata.errors import FormatError
 from fastdata.images import decode_jpeg
 
 
-class RawImageDecoder:
-    """uint8 images stored as fixed ``[3, H, W]`` rows: reading is a copy."""
+class _ImageDecoder:
+    """Shared by image decoders: every sample is uint8 ``[3, H, W]``."""
 
     def __init__(self, metadata):
         self.sample_shape = tuple(metadata["sample_shape"])
+
+    def max_batch_bytes(self, batch_size):
+        return batch_size * int(np.prod(self.sample_shape))
+
+
+class RawImageDecoder(_ImageDecoder):
+    """uint8 images stored as fixed ``[3, H, W]`` rows: reading is a copy."""
 
     def item(self, columns, index):
         return torch.from_numpy(np.array(columns.samples[index]))
@@ -32,11 +39,11 @@ class RawImageDecoder:
         return (images,)
 
 
-class JpegImageDecoder:
+class JpegImageDecoder(_ImageDecoder):
     """Images stored as JPEG bytes: decoded on a thread pool (Pillow frees the GIL)."""
 
     def __init__(self, metadata):
-        self.sample_shape = tuple(metadata["sample_shape"])
+        super().__init__(metadata)
         self._pool = None
 
     def item(self, columns, index):

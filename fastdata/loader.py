@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata.samplers import BatchIndexSampler
+from fastdata.transport import SharedSlots, SlotBatch
 
 
 def make_loader(
@@ -51,7 +52,7 @@ def make_loader(
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset`` and ``sampler``:
-        a ``torch.utils.data.DataLoader`` when ``num_workers > 0``.
+        a WorkerLoader (a ``torch.utils.data.DataLoader``) when ``num_workers > 0``.
 
     Example:
         >>> loader = make_loader(HDF5Dataset("train.h5"), batch_size=256, shuffle=True)
@@ -68,8 +69,10 @@ def make_loader(
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
     if num_workers == 0:
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
-    return DataLoader(
-        _WholeBatches(dataset),
+    slot_bytes = dataset.max_batch_bytes(batch_size)
+    slots = None if slot_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, slot_bytes)
+    return WorkerLoader(
+        _WholeBatches(dataset, slots),
         batch_size=None,  # the sampler yields whole batches
         sampler=sampler,
         num_workers=num_workers,
@@ -145,17 +148,30 @@ def _read_ahead(batches, depth):
         thread.join()
 
 
+class WorkerLoader(DataLoader):
+    """A DataLoader whose workers return whole batches through shared slots.
+
+    See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
+    """
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            yield batch.unpack() if isinstance(batch, SlotBatch) else batch
+
+
 class _WholeBatches:
     """Dataset whose items are whole batches: ``self[indices] -> read_batch(indices)``."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, slots=None):
         self.dataset = dataset
+        self.slots = slots
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, indices):
-        return self.dataset.read_batch(indices)
+        batch = self.dataset.read_batch(indices)
+        return batch if self.slots is None else self.slots.pack(batch)
 
 
 def _as_is(batch):

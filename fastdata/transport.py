@@ -1,0 +1,109 @@
+"""Batches from worker processes through reused shared-memory slots.
+
+NOTE [slot transport]: a stock DataLoader worker returns each batch in a
+newly allocated shared-memory tensor: the worker creates a segment, passes
+its file descriptor, and the main process maps and later unmaps it, for
+every batch. Measured on a 2-core machine that ran packed 64x64 batches
+about 30 times slower than reading them in one process. Here each worker
+owns a few shared buffers ("slots") allocated once before the workers
+start; it writes a batch into a free slot and returns a small SlotBatch
+naming it. The main process (or the pin-memory thread) copies the batch out
+into ordinary or pinned memory and frees the slot at once, so a batch the
+user keeps is never overwritten. A batch that does not fit, or finds no
+free slot in time, travels the stock way.
+"""
+
+import itertools
+import os
+import time
+import weakref
+
+import torch
+from torch.utils.data import get_worker_info
+
+_WAIT_SECONDS = 5.0  # then give up on slots for this batch and return it as is
+_ALIGN = 64  # each tensor starts on a cache line, so any dtype view is aligned
+_LIVE = weakref.WeakValueDictionary()  # key -> SharedSlots, in the main process
+_KEYS = itertools.count()
+
+
+class SharedSlots:
+    """``slots_per_worker`` reusable byte buffers of ``slot_bytes`` for each worker.
+
+    Create it in the main process before the workers start; it travels to
+    them inside the dataset. Batches come back as SlotBatch references.
+
+    Args:
+        num_workers: DataLoader workers.
+        slots_per_worker: buffers per worker (batches in flight + 1).
+        slot_bytes: size of each buffer; batches larger than this bypass slots.
+    """
+
+    def __init__(self, num_workers, slots_per_worker, slot_bytes):
+        self.key = f"{os.getpid()}-{next(_KEYS)}"
+        self.buffers = torch.empty((num_workers, slots_per_worker, slot_bytes), dtype=torch.uint8).share_memory_()
+        self.busy = torch.zeros((num_workers, slots_per_worker), dtype=torch.int32).share_memory_()
+        _LIVE[self.key] = self
+
+    def pack(self, tensors):
+        """In a worker: copy ``tensors`` into a free slot; return a SlotBatch, or ``tensors``."""
+        info = get_worker_info()
+        starts, end = _layout(tensors)
+        if info is None or end > self.buffers.shape[2]:
+            return tensors
+        slot = self._free_slot(info.id)
+        if slot is None:
+            return tensors
+        buffer = self.buffers[info.id, slot]
+        for tensor, start in zip(tensors, starts):
+            _bytes_of(buffer, start, tensor).copy_(tensor)
+        self.busy[info.id, slot] = 1
+        layout = [(t.dtype, tuple(t.shape), start) for t, start in zip(tensors, starts)]
+        return SlotBatch(self.key, info.id, slot, layout)
+
+    def _free_slot(self, worker):
+        deadline = time.monotonic() + _WAIT_SECONDS
+        while True:
+            free = (self.busy[worker] == 0).nonzero()
+            if len(free):
+                return int(free[0])
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.0002)
+
+
+class SlotBatch:
+    """A batch waiting in a worker's shared slot (a few bytes to pickle)."""
+
+    def __init__(self, key, worker, slot, layout):
+        self.key, self.worker, self.slot, self.layout = key, worker, slot, layout
+
+    def unpack(self, pin_memory=False):
+        """In the main process: copy the batch out as a tuple of tensors, free the slot."""
+        slots = _LIVE[self.key]
+        buffer = slots.buffers[self.worker, self.slot]
+        out = []
+        for dtype, shape, start in self.layout:
+            tensor = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+            tensor.copy_(_bytes_of(buffer, start, tensor))
+            out.append(tensor)
+        slots.busy[self.worker, self.slot] = 0
+        return tuple(out)
+
+    def pin_memory(self):
+        # DataLoader's pin-memory thread calls this: copy straight into pinned memory.
+        return self.unpack(pin_memory=True)
+
+
+def _layout(tensors):
+    starts, end = [], 0
+    for tensor in tensors:
+        starts.append(end)
+        end += -(-tensor.numel() * tensor.element_size() // _ALIGN) * _ALIGN
+    return starts, end
+
+
+def _bytes_of(buffer, start, like):
+    """View ``buffer`` from ``start`` as a tensor of ``like``'s dtype and shape."""
+    size = like.numel() * like.element_size()
+    return buffer[start : start + size].view(like.dtype).view(like.shape)
