@@ -34,9 +34,9 @@ class RawImageDecoder(_ImageDecoder):
         return torch.from_numpy(np.array(columns.samples[index]))
 
     def batch(self, columns, indices, pin_memory=False):
-        images = torch.empty((len(indices), *self.sample_shape), dtype=torch.uint8, pin_memory=pin_memory)
-        np.take(columns.samples, indices, axis=0, out=images.numpy())
-        return (images,)
+        # np.take into a fresh array measured ~2x faster than into an `out=` buffer.
+        images = torch.from_numpy(np.take(columns.samples, indices, axis=0))
+        return (images.pin_memory() if pin_memory else images,)
 
 
 class JpegImageDecoder(_ImageDecoder):
@@ -51,8 +51,7 @@ class JpegImageDecoder(_ImageDecoder):
         return torch.from_numpy(np.ascontiguousarray(decode_jpeg(data).transpose(2, 0, 1)))
 
     def batch(self, columns, indices, pin_memory=False):
-        images = torch.empty((len(indices), *self.sample_shape), dtype=torch.uint8, pin_memory=pin_memory)
-        out, values = images.numpy(), columns.samples
+        out, values = np.empty((len(indices), *self.sample_shape), np.uint8), columns.samples
         starts, stops = columns.offsets[indices], columns.offsets[indices + 1]
 
         def decode(rows):
@@ -66,7 +65,8 @@ class JpegImageDecoder(_ImageDecoder):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode")
             list(self._pool.map(decode, np.array_split(np.arange(len(indices)), threads)))
-        return (images,)
+        images = torch.from_numpy(out)
+        return (images.pin_memory() if pin_memory else images,)
 
 
 DECODERS = {
