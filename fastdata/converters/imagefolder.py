@@ -40,9 +40,13 @@ def find_images(root):
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise SourceError(f"{root!r} has no class folders; expected {root}/<class>/<image>")
+    # A link back to the root or into another class is not followed.
+    folders = [root] + [os.path.join(root, name) for name in classes]
+    outside = {_inode(folder) for folder in folders}
     paths, labels = [], []
     for label, name in enumerate(classes):
-        found = sorted(_walk_images(os.path.join(root, name)))
+        top = os.path.join(root, name)
+        found = sorted(_walk_images(top, outside - {_inode(top)}))
         if not found:
             raise SourceError(
                 f"class folder {name!r} in {root!r} has no image files "
@@ -53,18 +57,22 @@ def find_images(root):
     return classes, paths, np.asarray(labels, dtype=np.int64)
 
 
-def _walk_images(top):
-    seen = set()
+def _walk_images(top, skip):
+    seen = set(skip)
     for folder, subfolders, files in os.walk(top, followlinks=True):
-        stat = os.stat(folder)
-        if (stat.st_dev, stat.st_ino) in seen:  # a symlink loop or a second link
+        if _inode(folder) in seen:  # a symlink loop, a second link, or a skipped folder
             subfolders[:] = []
             continue
-        seen.add((stat.st_dev, stat.st_ino))
+        seen.add(_inode(folder))
         subfolders[:] = [d for d in subfolders if not d.startswith(".")]
         for name in files:
             if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
                 yield os.path.relpath(os.path.join(folder, name), top)
+
+
+def _inode(folder):
+    stat = os.stat(folder)
+    return stat.st_dev, stat.st_ino
 
 
 def convert_imagefolder(

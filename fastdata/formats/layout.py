@@ -22,6 +22,7 @@ from fastdata.errors import FormatError
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 1
 METADATA_KEY = "fastdata"
+_REQUIRED_KEYS = ("kind", "num_samples", "sample_shape", "sample_dtype")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ def decode_metadata(text, path):
             f"{path!r}: format version {version}, this fastdata reads up to "
             f"{FORMAT_VERSION}. Upgrade fastdata or re-run \"fastdata convert\"."
         )
+    missing = [key for key in _REQUIRED_KEYS if key not in metadata]
+    if missing:
+        raise FormatError(f"{path!r}: fastdata metadata lacks {missing}; re-run \"fastdata convert\"")
     return metadata
 
 

@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny synthetic image folders and the packed files made from them.
+
+Session-scoped files are read by many tests and never modified; a test that
+needs to change a file copies it into its own ``tmp_path`` first.
+"""
+
+import shutil
+
+import pytest
+
+from fastdata import convert_imagefolder
+from fastdata.synthetic import make_imagefolder
+from helpers import FORMATS, NUM_CLASSES, PER_CLASS, SOURCE_SIZE, STORAGES, STORED_SIZE
+
+
+@pytest.fixture(scope="session")
+def source_root(tmp_path_factory):
+    """A clean ImageFolder tree: 4 classes x 6 photo-like 120x90 JPEGs (read-only)."""
+    root = tmp_path_factory.mktemp("source") / "photos"
+    make_imagefolder(root, NUM_CLASSES, PER_CLASS, size=SOURCE_SIZE, seed=0)
+    return root
+
+
+@pytest.fixture
+def source_copy(source_root, tmp_path):
+    """A private, writable copy of ``source_root`` for tests that add bad files."""
+    root = tmp_path / "photos"
+    shutil.copytree(source_root, root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def packed_files(source_root, tmp_path_factory):
+    """Return ``get(fmt, storage) -> path`` of ``source_root`` converted once per session."""
+    folder = tmp_path_factory.mktemp("packed")
+    cache = {}
+
+    def get(fmt, storage="raw"):
+        if (fmt, storage) not in cache:
+            out = folder / f"photos-{storage}{FORMATS[fmt]}"
+            convert_imagefolder(source_root, out, size=STORED_SIZE, storage=storage, workers=1, progress=False)
+            cache[fmt, storage] = out
+        return cache[fmt, storage]
+
+    return get
+
+
+@pytest.fixture(params=list(FORMATS))
+def fmt(request):
+    return request.param
+
+
+@pytest.fixture(params=STORAGES)
+def storage(request):
+    return request.param
+
+
+@pytest.fixture
+def packed(packed_files, fmt, storage):
+    """The session's packed file for every format x storage pair."""
+    return packed_files(fmt, storage)

@@ -1,0 +1,75 @@
+"""Plain helpers and constants shared by the tests (fixtures live in conftest.py)."""
+
+import os
+
+import numpy as np
+from PIL import Image
+
+NUM_CLASSES = 4
+PER_CLASS = 6
+SOURCE_SIZE = (120, 90)  # (width, height) of the source JPEGs
+STORED_SIZE = 32  # stored height and width
+
+FORMATS = {"hdf5": ".h5", "arrow": ".arrow"}
+STORAGES = ("raw", "jpeg")
+
+
+def folder_listing(folder):
+    """Return every name under ``folder`` (hidden ones included), relative and sorted."""
+    names = []
+    for parent, subfolders, files in os.walk(folder):
+        for name in subfolders + files:
+            names.append(os.path.relpath(os.path.join(parent, name), folder))
+    return sorted(names)
+
+
+def write_random_png(path, rng, size=(12, 10)):
+    """Write a small random RGB PNG (cheap, lossless) and return its pixels [H, W, 3]."""
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels, "RGB").save(path)
+    return pixels
+
+
+def write_png_header(path, width, height):
+    """Write a tiny PNG whose IHDR claims ``width`` x ``height`` RGB pixels (no pixel data).
+
+    Pillow checks the claimed size against MAX_IMAGE_PIXELS when it opens the
+    file, so a huge claim is a decompression bomb costing a few bytes on disk.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+
+
+def stored_images(path):
+    """Read every stored image of a packed file as uint8 ``[N, H, W, 3]`` (format layer only)."""
+    from fastdata.formats import read_packed
+    from fastdata.images import decode_jpeg
+
+    columns, metadata = read_packed(path)
+    if metadata["storage"] == "raw":
+        return np.asarray(columns.samples).transpose(0, 2, 3, 1).copy(), np.asarray(columns.labels).copy(), metadata
+    images = [
+        decode_jpeg(columns.samples[columns.offsets[i] : columns.offsets[i + 1]].tobytes())
+        for i in range(columns.num_samples)
+    ]
+    return np.stack(images), np.asarray(columns.labels).copy(), metadata
+
+
+def expected_images(root, relpaths, spec, storage, quality=90):
+    """What a converter should store for ``relpaths``: load_image, and a JPEG round trip for jpeg."""
+    from fastdata.images import decode_jpeg, encode_jpeg, load_image
+
+    images = []
+    for relpath in relpaths:
+        pixels = load_image(os.path.join(root, relpath), spec)
+        if storage == "jpeg":
+            pixels = decode_jpeg(encode_jpeg(pixels, quality))
+        images.append(pixels)
+    return np.stack(images)

@@ -1,0 +1,571 @@
+"""convert_imagefolder / find_images: same pixels and labels come back, bad inputs, atomic output."""
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fastdata.converters.imagefolder as imagefolder
+from fastdata import ConversionReport, FastdataError, SampleError, SourceError, convert_imagefolder
+from fastdata.converters import find_images
+from fastdata.formats import read_packed
+from fastdata.images import ImageSpec
+from helpers import (
+    FORMATS,
+    NUM_CLASSES,
+    PER_CLASS,
+    STORED_SIZE,
+    expected_images,
+    folder_listing,
+    stored_images,
+    write_png_header,
+    write_random_png,
+)
+
+SPEC = ImageSpec(STORED_SIZE, STORED_SIZE)
+NUM_SAMPLES = NUM_CLASSES * PER_CLASS
+
+
+def convert(root, out, **kwargs):
+    kwargs.setdefault("size", STORED_SIZE)
+    kwargs.setdefault("workers", 1)
+    kwargs.setdefault("progress", False)
+    return convert_imagefolder(root, out, **kwargs)
+
+
+# ---------------------------------------------------------------- round trip
+
+
+def test_round_trip_gives_back_load_image_pixels_and_labels(source_root, packed, storage):
+    classes, relpaths, labels = find_images(source_root)
+    images, stored_labels, metadata = stored_images(packed)
+    assert images.shape == (NUM_SAMPLES, STORED_SIZE, STORED_SIZE, 3)
+    assert np.array_equal(images, expected_images(source_root, relpaths, SPEC, storage))
+    assert stored_labels.dtype == np.int64
+    assert stored_labels.tolist() == labels.tolist() == [c for c in range(NUM_CLASSES) for _ in range(PER_CLASS)]
+    assert metadata["classes"] == classes == [f"class_{c}" for c in range(NUM_CLASSES)]
+    assert metadata["class_counts"] == [PER_CLASS] * NUM_CLASSES
+    assert metadata["num_samples"] == NUM_SAMPLES
+    assert metadata["storage"] == storage
+    assert metadata["sample_shape"] == [3, STORED_SIZE, STORED_SIZE]
+    assert metadata["skipped"] == []
+
+
+def test_jpeg_storage_holds_the_reencoded_bytes(source_root, packed_files):
+    from fastdata.images import encode_jpeg, load_image
+
+    _, relpaths, _ = find_images(source_root)
+    columns, metadata = read_packed(packed_files("arrow", "jpeg"))
+    assert metadata["preprocessing"]["quality"] == 90
+    for index in (0, 7, NUM_SAMPLES - 1):
+        stored = columns.samples[columns.offsets[index] : columns.offsets[index + 1]].tobytes()
+        assert stored == encode_jpeg(load_image(source_root / relpaths[index], SPEC), 90)
+
+
+def test_report_describes_the_conversion(source_root, tmp_path):
+    out = tmp_path / "photos.h5"
+    report = convert(source_root, out)
+    assert isinstance(report, ConversionReport)
+    assert report.path == os.fspath(out)
+    assert report.num_samples == NUM_SAMPLES
+    assert report.skipped == []
+    assert report.seconds > 0
+    assert f"{NUM_SAMPLES} samples" in str(report)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"size": (24, 40), "resize": "pad"},
+        {"size": (40, 24), "resize": "stretch", "resample": "nearest"},
+        {"size": 16, "resize": "crop", "resample": "lanczos", "storage": "jpeg", "quality": 50},
+    ],
+    ids=["pad-24x40", "stretch-40x24-nearest", "crop-16-lanczos-jpeg50"],
+)
+def test_preprocessing_options_round_trip(source_root, tmp_path, fmt, kwargs):
+    out = tmp_path / f"out{FORMATS[fmt]}"
+    convert(source_root, out, **kwargs)
+    size = kwargs["size"]
+    height, width = (size, size) if isinstance(size, int) else size
+    spec = ImageSpec(height, width, resize=kwargs["resize"], resample=kwargs.get("resample", "bilinear"))
+    _, relpaths, _ = find_images(source_root)
+    images, _, metadata = stored_images(out)
+    storage = kwargs.get("storage", "raw")
+    assert np.array_equal(images, expected_images(source_root, relpaths, spec, storage, kwargs.get("quality", 90)))
+    assert metadata["sample_shape"] == [3, height, width]
+    assert metadata["preprocessing"]["resize"] == kwargs["resize"]
+    assert metadata["preprocessing"]["height"] == height and metadata["preprocessing"]["width"] == width
+
+
+def test_mean_and_std_match_numpy_on_stored_pixels(packed):
+    images, _, metadata = stored_images(packed)
+    scaled = images.reshape(-1, 3).astype(np.float64) / 255
+    assert np.allclose(metadata["mean"], scaled.mean(axis=0), rtol=0, atol=2e-6)
+    assert np.allclose(metadata["std"], scaled.std(axis=0), rtol=0, atol=2e-6)
+
+
+def test_mean_and_std_ignore_skipped_images(source_copy, tmp_path):
+    (source_copy / "class_0" / "broken.jpg").write_bytes(b"not a jpeg")
+    out = tmp_path / "out.arrow"
+    convert(source_copy, out)
+    images, _, metadata = stored_images(out)
+    scaled = images.reshape(-1, 3).astype(np.float64) / 255
+    assert np.allclose(metadata["mean"], scaled.mean(axis=0), atol=2e-6)
+    assert np.allclose(metadata["std"], scaled.std(axis=0), atol=2e-6)
+
+
+# ---------------------------------------------------------------- finding images
+
+
+@pytest.fixture
+def messy_root(tmp_path):
+    """Classes created out of order, nested folders, hidden and non-image files."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "messy"
+    files = [
+        "b_dogs/x.png",
+        "b_dogs/deep/er/still_dog.png",
+        "a_cats/z.png",
+        "a_cats/A.PNG",
+        "a_cats/sub/y.bmp",
+        "c_birds/only.png",
+        # never images of any class:
+        "a_cats/.hidden.png",
+        "a_cats/.cache/cached.png",
+        "b_dogs/sub/.thumbs/t.png",
+        ".hidden_class/h.png",
+    ]
+    for name in files:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_random_png(path, rng)
+    (root / "a_cats" / "notes.txt").write_text("not an image")
+    (root / "b_dogs" / "labels.csv").write_text("x,1")
+    (root / "b_dogs" / "x.png.bak").write_bytes(b"old")
+    (root / "readme.png").write_bytes(b"a file at the top is not a class")
+    (root / "LICENSE").write_text("MIT")
+    return root
+
+
+MESSY_RELPATHS = [
+    "a_cats/A.PNG",
+    "a_cats/sub/y.bmp",
+    "a_cats/z.png",
+    "b_dogs/deep/er/still_dog.png",
+    "b_dogs/x.png",
+    "c_birds/only.png",
+]
+
+
+def test_find_images_sorts_classes_and_keeps_only_visible_images(messy_root):
+    classes, relpaths, labels = find_images(messy_root)
+    assert classes == ["a_cats", "b_dogs", "c_birds"]
+    assert relpaths == [os.path.join(*p.split("/")) for p in MESSY_RELPATHS]
+    assert labels.dtype == np.int64
+    assert labels.tolist() == [0, 0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_nested_images_belong_to_their_top_level_class(messy_root, tmp_path, fmt):
+    out = tmp_path / f"messy{FORMATS[fmt]}"
+    report = convert(messy_root, out, size=8, resize="stretch", resample="nearest")
+    assert report.num_samples == 6 and report.skipped == []
+    images, labels, metadata = stored_images(out)
+    assert metadata["classes"] == ["a_cats", "b_dogs", "c_birds"]
+    assert metadata["class_counts"] == [3, 2, 1]
+    assert labels.tolist() == [0, 0, 0, 1, 1, 2]
+    spec = ImageSpec(8, 8, "stretch", "nearest")
+    assert np.array_equal(images, expected_images(messy_root, MESSY_RELPATHS, spec, "raw"))
+
+
+def _find_images_with_timeout(root, seconds=20):
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(found=find_images(root)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "find_images did not return: it is looping over a symlink cycle"
+    return result["found"]
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_symlink_loop_to_the_parent_folder_does_not_hang(tmp_path):
+    rng = np.random.default_rng(1)
+    root = tmp_path / "loop"
+    (root / "cats" / "sub").mkdir(parents=True)
+    (root / "dogs").mkdir()
+    for name in ("cats/a.png", "cats/sub/b.png", "dogs/c.png"):
+        write_random_png(root / name, rng)
+    os.symlink(root / "cats", root / "cats" / "sub" / "up")  # cats/sub/up -> cats
+    os.symlink(root / "cats", root / "cats" / "self")  # cats/self -> cats
+    classes, relpaths, labels = _find_images_with_timeout(root)
+    assert classes == ["cats", "dogs"]
+    assert relpaths == [
+        os.path.join("cats", "a.png"),
+        os.path.join("cats", "sub", "b.png"),
+        os.path.join("dogs", "c.png"),
+    ]
+    assert labels.tolist() == [0, 0, 1]
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_symlink_loop_to_the_root_terminates(tmp_path):
+    rng = np.random.default_rng(2)
+    root = tmp_path / "loop"
+    for name in ("cats/a.png", "dogs/b.png"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        write_random_png(root / name, rng)
+    os.symlink(root, root / "cats" / "root")
+    os.symlink(root, root / "dogs" / "root")
+    classes, relpaths, _ = _find_images_with_timeout(root)
+    assert classes == ["cats", "dogs"]
+    assert len(relpaths) == len(set(relpaths)) < 10
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
+def test_symlinked_class_folder_is_followed(tmp_path, source_root):
+    root = tmp_path / "linked"
+    root.mkdir()
+    os.symlink(source_root / "class_2", root / "linked_class")
+    classes, relpaths, _ = find_images(root)
+    assert classes == ["linked_class"]
+    assert len(relpaths) == PER_CLASS
+
+
+# ---------------------------------------------------------------- determinism
+
+
+def test_output_is_byte_identical_for_any_number_of_workers(tmp_path):
+    # 300 inputs, so that worker processes get chunks of several images each.
+    root = tmp_path / "many"
+    rng = np.random.default_rng(3)
+    for label in range(3):
+        (root / f"class_{label}").mkdir(parents=True)
+        for index in range(100):
+            write_random_png(root / f"class_{label}" / f"{index:03d}.png", rng, size=(20, 14))
+    (root / "class_1" / "050_broken.png").write_bytes(b"\x89PNG not really")
+    outputs = {}
+    for workers in (1, 2):
+        for fmt, ext in FORMATS.items():
+            for storage in ("raw", "jpeg"):
+                out = tmp_path / f"w{workers}-{storage}{ext}"
+                report = convert(root, out, size=16, workers=workers, storage=storage)
+                assert report.num_samples == 300 and len(report.skipped) == 1
+                outputs[workers, fmt, storage] = out.read_bytes()
+        if workers == 1:
+            time.sleep(1.1)  # a stored timestamp would differ
+    for fmt in FORMATS:
+        for storage in ("raw", "jpeg"):
+            assert outputs[1, fmt, storage] == outputs[2, fmt, storage], (fmt, storage)
+    _, relpaths, _ = find_images(root)
+    relpaths.remove(os.path.join("class_1", "050_broken.png"))
+    images, _, _ = stored_images(tmp_path / "w2-raw.h5")
+    assert np.array_equal(images, expected_images(root, relpaths, ImageSpec(16, 16), "raw"))
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+@pytest.fixture
+def bad_root(source_copy):
+    """source_copy plus five unusable files in class_1 (sorted names first: the bombs)."""
+    folder = source_copy / "class_1"
+    good = (folder / "img_00000.jpg").read_bytes()
+    (folder / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (folder / "random.jpg").write_bytes(np.random.default_rng(0).bytes(3000))
+    (folder / "text.png").write_text("this is not a PNG\n" * 20)
+    write_png_header(folder / "bomb.png", 20000, 20000)  # 4e8 pixels: DecompressionBombError
+    write_png_header(folder / "bomb_warn.png", 10000, 10000)  # 1e8 pixels: only a warning in Pillow
+    return source_copy
+
+
+BAD_REASONS = {
+    "bomb.png": "DecompressionBomb",
+    "bomb_warn.png": "DecompressionBomb",
+    "random.jpg": "cannot identify image file",
+    "text.png": "cannot identify image file",
+    "truncated.jpg": "truncated",
+}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_bad_images_are_skipped_with_a_reason(bad_root, tmp_path, workers, fmt):
+    out = tmp_path / f"out{FORMATS[fmt]}"
+    report = convert(bad_root, out, workers=workers, on_error="skip")
+    expected_paths = [os.path.join("class_1", name) for name in sorted(BAD_REASONS)]
+    assert [path for path, _ in report.skipped] == expected_paths
+    for (path, reason), name in zip(report.skipped, sorted(BAD_REASONS)):
+        assert BAD_REASONS[name] in reason, (path, reason)
+    assert report.num_samples == NUM_SAMPLES
+    images, labels, metadata = stored_images(out)
+    assert metadata["skipped"] == [{"path": path, "reason": reason} for path, reason in report.skipped]
+    assert metadata["class_counts"] == [PER_CLASS] * NUM_CLASSES
+    assert metadata["source"]["num_inputs"] == NUM_SAMPLES + len(BAD_REASONS)
+    # The good images are all there, in order, with their labels.
+    _, relpaths, all_labels = find_images(bad_root)
+    kept = [i for i, p in enumerate(relpaths) if os.path.basename(p) not in BAD_REASONS]
+    assert labels.tolist() == all_labels[kept].tolist()
+    assert np.array_equal(images, expected_images(bad_root, [relpaths[i] for i in kept], SPEC, "raw"))
+
+
+def test_bad_images_warn_with_on_error_warn(bad_root, tmp_path):
+    with pytest.warns(UserWarning) as record:
+        report = convert(bad_root, tmp_path / "out.h5", on_error="warn")
+    messages = [str(w.message) for w in record]
+    assert len(messages) == len(BAD_REASONS)
+    for name in BAD_REASONS:
+        assert any(name in message for message in messages), name
+    assert len(report.skipped) == len(BAD_REASONS)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bad_image_raises_with_on_error_raise_and_leaves_nothing(bad_root, tmp_path, workers):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("already here")
+    with pytest.raises(SampleError, match="bomb.png") as info:
+        convert(bad_root, out_dir / "out.h5", workers=workers, on_error="raise")
+    assert info.value.path == os.path.join("class_1", "bomb.png")
+    assert info.value.index == PER_CLASS  # first input of class_1
+    assert "on_error" in str(info.value)
+    assert folder_listing(out_dir) == ["keep.txt"]
+
+
+def test_truncated_jpeg_alone_raises_naming_it(source_copy, tmp_path):
+    good = (source_copy / "class_3" / "img_00002.jpg").read_bytes()
+    (source_copy / "class_3" / "img_00002.jpg").write_bytes(good[: len(good) // 2])
+    with pytest.raises(SampleError, match="img_00002.jpg") as info:
+        convert(source_copy, tmp_path / "out.arrow", on_error="raise")
+    assert info.value.path == os.path.join("class_3", "img_00002.jpg")
+    assert info.value.index == 3 * PER_CLASS + 2
+    assert os.listdir(tmp_path) == ["photos"]
+
+
+# ---------------------------------------------------------------- unusable sources
+
+
+def test_missing_source_folder(tmp_path):
+    with pytest.raises(SourceError, match="is not a folder"):
+        convert(tmp_path / "nowhere", tmp_path / "out.h5")
+    assert os.listdir(tmp_path) == []
+
+
+def test_empty_source_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="no class folders"):
+        convert(tmp_path / "empty", tmp_path / "out.h5")
+    assert os.listdir(tmp_path) == ["empty"]
+
+
+def test_source_folder_without_class_folders(tmp_path):
+    root = tmp_path / "flat"
+    root.mkdir()
+    write_random_png(root / "a.png", np.random.default_rng(0))
+    (root / ".git").mkdir()
+    with pytest.raises(SourceError, match="no class folders"):
+        convert(root, tmp_path / "out.h5")
+    assert sorted(os.listdir(tmp_path)) == ["flat"]
+
+
+def test_class_folder_without_images(source_copy, tmp_path):
+    (source_copy / "class_9").mkdir()
+    (source_copy / "class_9" / "notes.txt").write_text("no images here")
+    with pytest.raises(SourceError, match="class_9"):
+        convert(source_copy, tmp_path / "out.h5")
+    assert os.listdir(tmp_path) == ["photos"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_class_with_only_corrupt_images(source_copy, tmp_path, workers):
+    (source_copy / "class_9").mkdir()
+    (source_copy / "class_9" / "a.jpg").write_bytes(b"garbage")
+    (source_copy / "class_9" / "b.png").write_text("garbage")
+    with pytest.raises(SourceError, match="class_9") as info:
+        convert(source_copy, tmp_path / "out.arrow", workers=workers)
+    assert "no usable image" in str(info.value)
+    assert os.listdir(tmp_path) == ["photos"]
+
+
+# ---------------------------------------------------------------- output path
+
+
+def test_existing_output_is_not_overwritten(source_root, tmp_path):
+    out = tmp_path / "out.h5"
+    out.write_bytes(b"precious")
+    before = os.stat(out)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        convert(source_root, out)
+    assert out.read_bytes() == b"precious"
+    assert os.stat(out).st_mtime_ns == before.st_mtime_ns
+    assert os.listdir(tmp_path) == ["out.h5"]
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_existing_output_is_replaced_with_overwrite(source_root, tmp_path, fmt):
+    out = tmp_path / f"out{FORMATS[fmt]}"
+    out.write_bytes(b"old")
+    report = convert(source_root, out, overwrite=True)
+    assert report.num_samples == NUM_SAMPLES
+    _, labels, _ = stored_images(out)
+    assert len(labels) == NUM_SAMPLES
+    assert os.listdir(tmp_path) == [out.name]
+
+
+@pytest.mark.parametrize("name", ["out.npz", "out", "out.h5.tmp", "out.parquet"])
+def test_bad_output_extension(source_root, tmp_path, name):
+    with pytest.raises(ValueError, match="extension"):
+        convert(source_root, tmp_path / name)
+    assert os.listdir(tmp_path) == []
+
+
+def test_uppercase_and_hdf5_extensions_are_accepted(source_root, tmp_path):
+    convert(source_root, tmp_path / "a.hdf5")
+    convert(source_root, tmp_path / "b.ARROW")
+    assert stored_images(tmp_path / "a.hdf5")[2]["num_samples"] == NUM_SAMPLES
+    assert stored_images(tmp_path / "b.ARROW")[2]["num_samples"] == NUM_SAMPLES
+
+
+def test_relative_output_path(source_root, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = convert(source_root, "out.arrow")
+    assert report.path == "out.arrow"
+    assert os.listdir(tmp_path) == ["out.arrow"]
+
+
+def test_missing_output_folder(source_root, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        convert(source_root, tmp_path / "nowhere" / "out.h5")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"storage": "png"}, "storage should be one of"),
+        ({"on_error": "ignore"}, "on_error should be one of"),
+        ({"quality": 0}, "quality should be in 1..100"),
+        ({"quality": 101}, "quality should be in 1..100"),
+        ({"resize": "fit"}, "resize should be one of"),
+        ({"size": 0}, "size should be positive"),
+        ({"workers": 0}, "workers should be a positive integer"),
+    ],
+)
+def test_bad_options_raise_value_error_and_leave_nothing(source_root, tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        convert(source_root, tmp_path / "out.h5", **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- atomic output
+
+
+def _raise(exc):
+    def fail(*args, **kwargs):
+        raise exc
+
+    return fail
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_interrupted_write_leaves_nothing(source_root, tmp_path, monkeypatch, fmt):
+    monkeypatch.setattr(imagefolder, "write_packed", _raise(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        convert(source_root, tmp_path / f"out{FORMATS[fmt]}")
+    assert os.listdir(tmp_path) == []
+
+
+def test_interrupted_write_keeps_the_old_output_with_overwrite(source_root, tmp_path, monkeypatch):
+    out = tmp_path / "out.h5"
+    out.write_bytes(b"previous")
+    monkeypatch.setattr(imagefolder, "write_packed", _raise(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        convert(source_root, out, overwrite=True)
+    assert os.listdir(tmp_path) == ["out.h5"]
+    assert out.read_bytes() == b"previous"
+
+
+def test_interruption_while_workers_run_leaves_nothing(source_root, tmp_path, monkeypatch):
+    appended = []
+
+    def append_then_interrupt(self, payload):
+        appended.append(payload)
+        if len(appended) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(imagefolder._RawSink, "append", append_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        convert(source_root, tmp_path / "out.arrow", workers=2)
+    assert os.listdir(tmp_path) == []
+
+
+def test_full_disk_is_reported_and_leaves_nothing(source_root, tmp_path, monkeypatch):
+    full = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(imagefolder, "write_packed", _raise(full))
+    with pytest.raises(FastdataError, match="space") as info:
+        convert(source_root, tmp_path / "out.h5")
+    assert info.value.__cause__ is full
+    assert os.listdir(tmp_path) == []
+
+
+def test_other_os_errors_propagate_and_leave_nothing(source_root, tmp_path, monkeypatch):
+    monkeypatch.setattr(imagefolder, "write_packed", _raise(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(OSError) as info:
+        convert(source_root, tmp_path / "out.h5")
+    assert info.value.errno == errno.EIO
+    assert os.listdir(tmp_path) == []
+
+
+KILLER_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import signal
+    import sys
+
+    from fastdata.converters import imagefolder
+
+    _real_prepare = imagefolder._prepare_image
+
+
+    def _prepare_or_die(path, **kwargs):
+        # Runs in the worker processes (this module is their __main__ too).
+        if path.endswith(os.path.join("class_2", "img_00003.jpg")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _real_prepare(path, **kwargs)
+
+
+    imagefolder._prepare_image = _prepare_or_die
+
+    if __name__ == "__main__":
+        from fastdata import FastdataError, convert_imagefolder
+
+        try:
+            convert_imagefolder(sys.argv[1], sys.argv[2], size=16, workers=2, progress=False)
+        except FastdataError as exc:
+            print("FastdataError:", exc)
+            sys.exit(3)
+        print("finished without an error")
+    """
+)
+
+
+def test_killed_worker_raises_and_leaves_nothing(source_root, tmp_path):
+    script = tmp_path / "kill_one_worker.py"
+    script.write_text(KILLER_SCRIPT)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, os.fspath(script), os.fspath(source_root), os.fspath(out_dir / "out.h5")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "FastdataError:" in done.stdout and "worker process died" in done.stdout
+    assert folder_listing(out_dir) == []
+

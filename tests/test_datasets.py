@@ -1,0 +1,251 @@
+"""HDF5Dataset / ArrowDataset: len, indexing, batch == per-item, pickling, lazy per-process open."""
+
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata import ArrowDataset, HDF5Dataset, open_dataset
+from fastdata.converters import find_images
+from fastdata.images import ImageSpec
+from helpers import NUM_CLASSES, PER_CLASS, STORED_SIZE, expected_images
+
+NUM_SAMPLES = NUM_CLASSES * PER_CLASS
+CLASSES = {"hdf5": HDF5Dataset, "arrow": ArrowDataset}
+
+
+def invert(image):
+    """A module-level transform (picklable for spawn)."""
+    return 255 - image
+
+
+def read_in_child(dataset, indices, queue):
+    """Process target: read from a dataset that was opened (and read) in the parent."""
+    items = np.stack([dataset[i][0].numpy() for i in indices])
+    batch = dataset.read_batch(np.asarray(indices))[0].numpy()
+    queue.put((os.getpid(), dataset._pid, items, batch))
+
+
+@pytest.fixture
+def ds(packed):
+    return open_dataset(packed)
+
+
+@pytest.fixture(scope="module")
+def expected(source_root):
+    """Expected CHW images per storage, from load_image on the sources."""
+    _, relpaths, labels = find_images(source_root)
+    spec = ImageSpec(STORED_SIZE, STORED_SIZE)
+    images = {
+        storage: expected_images(source_root, relpaths, spec, storage).transpose(0, 3, 1, 2)
+        for storage in ("raw", "jpeg")
+    }
+    return images, labels
+
+
+# ---------------------------------------------------------------- basics
+
+
+def test_open_dataset_picks_the_class_by_extension(packed, fmt):
+    assert type(open_dataset(packed)) is CLASSES[fmt]
+
+
+def test_len_classes_labels_and_metadata(ds, storage, source_root):
+    classes, _, labels = find_images(source_root)
+    assert len(ds) == NUM_SAMPLES
+    assert ds.classes == classes
+    assert ds.labels.dtype == np.int64
+    assert ds.labels.tolist() == labels.tolist()
+    assert ds.metadata["num_samples"] == NUM_SAMPLES
+    assert ds.metadata["storage"] == storage == ds.storage
+    assert ds.metadata["class_counts"] == [PER_CLASS] * NUM_CLASSES
+    assert len(ds.metadata["mean"]) == len(ds.metadata["std"]) == 3
+    assert ds.metadata["preprocessing"]["resize"] == "crop"
+    assert ds.metadata["skipped"] == []
+
+
+def test_repr_shows_file_format_size_and_fields(ds, packed, fmt, storage):
+    text = repr(ds)
+    assert text.startswith(f"<{CLASSES[fmt].__name__} ")
+    for part in (repr(packed.name), fmt, f"{NUM_SAMPLES} samples", f"uint8[3,{STORED_SIZE},{STORED_SIZE}]", storage):
+        assert part in text, part
+
+
+def test_items_equal_the_preprocessed_sources(ds, storage, expected):
+    images, labels = expected
+    for index in range(len(ds)):
+        image, label = ds[index]
+        assert isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+        assert tuple(image.shape) == (3, STORED_SIZE, STORED_SIZE)
+        assert type(label) is int and label == labels[index]
+        assert np.array_equal(image.numpy(), images[storage][index])
+
+
+def test_negative_indices_work_like_a_sequence(ds):
+    for index in (-1, -5, -NUM_SAMPLES):
+        image, label = ds[index]
+        other, other_label = ds[NUM_SAMPLES + index]
+        assert torch.equal(image, other) and label == other_label
+
+
+@pytest.mark.parametrize("index", [NUM_SAMPLES, NUM_SAMPLES + 10, -NUM_SAMPLES - 1])
+def test_index_out_of_range(ds, index):
+    with pytest.raises(IndexError, match="out of range"):
+        ds[index]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, index])
+    with pytest.raises(IndexError, match="out of range"):
+        ds.read_batch(np.array([0, index]))
+
+
+@pytest.mark.parametrize("index", [1.0, "3", None, True, (1,), slice(0, 2)])
+def test_non_integer_index_is_a_type_error(ds, index):
+    with pytest.raises(TypeError, match="index should be an integer"):
+        ds[index]
+
+
+def test_numpy_and_torch_integer_indices(ds):
+    assert torch.equal(ds[np.int64(3)][0], ds[3][0])
+    assert torch.equal(ds[np.int32(-2)][0], ds[NUM_SAMPLES - 2][0])
+
+
+def test_items_do_not_share_memory_with_the_file(ds):
+    image, _ = ds[0]
+    image += 1  # writable, owns its memory: the packed file must not change
+    assert not torch.equal(ds[0][0], image)
+
+
+# ---------------------------------------------------------------- batch path == per-item path
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_getitems_equals_items_in_caller_order(ds, seed):
+    indices = np.random.default_rng(seed).integers(-NUM_SAMPLES, NUM_SAMPLES, 40).tolist()
+    indices += [indices[0], indices[0], 5, 5]  # duplicates
+    batch = ds.__getitems__(indices)
+    assert len(batch) == len(indices)
+    for index, (image, label) in zip(indices, batch):
+        single, single_label = ds[index]
+        assert torch.equal(image, single)
+        assert type(label) is int and label == single_label
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_read_batch_equals_items(ds, seed):
+    indices = np.random.default_rng(seed).integers(0, NUM_SAMPLES, 30)
+    indices[-3:] = indices[0]  # duplicates, unsorted
+    images, labels = ds.read_batch(indices)
+    assert images.dtype == torch.uint8 and tuple(images.shape) == (30, 3, STORED_SIZE, STORED_SIZE)
+    assert labels.dtype == torch.int64 and tuple(labels.shape) == (30,)
+    for row, index in enumerate(indices):
+        image, label = ds[int(index)]
+        assert torch.equal(images[row], image)
+        assert labels[row].item() == label
+
+
+def test_read_batch_of_sorted_indices_and_empty_batch(ds):
+    images, labels = ds.read_batch(np.arange(NUM_SAMPLES))
+    assert torch.equal(images, torch.stack([ds[i][0] for i in range(NUM_SAMPLES)]))
+    assert labels.tolist() == ds.labels.tolist()
+    images, labels = ds.read_batch(np.array([], np.int64))
+    assert tuple(images.shape) == (0, 3, STORED_SIZE, STORED_SIZE) and tuple(labels.shape) == (0,)
+    assert ds.__getitems__([]) == []
+
+
+def test_read_batch_rejects_2d_indices(ds):
+    with pytest.raises(ValueError, match="1-D"):
+        ds.read_batch(np.zeros((2, 2), np.int64))
+
+
+def test_hdf5_and_arrow_give_identical_samples(packed_files, storage):
+    h5 = HDF5Dataset(packed_files("hdf5", storage))
+    arrow = ArrowDataset(packed_files("arrow", storage))
+    everything = np.arange(NUM_SAMPLES)
+    for a, b in zip(h5.read_batch(everything), arrow.read_batch(everything)):
+        assert torch.equal(a, b)
+    assert h5.classes == arrow.classes
+    assert h5.metadata["mean"] == arrow.metadata["mean"]
+
+
+# ---------------------------------------------------------------- transform
+
+
+def test_transform_is_applied_on_both_paths(packed):
+    plain, inverted = open_dataset(packed), open_dataset(packed, transform=invert)
+    assert torch.equal(inverted[3][0], 255 - plain[3][0])
+    assert inverted[3][1] == plain[3][1]
+    indices = np.array([7, 2, 2, 11])
+    images, labels = inverted.read_batch(indices)
+    assert torch.equal(images, 255 - plain.read_batch(indices)[0])
+    for (image, _), index in zip(inverted.__getitems__(indices.tolist()), indices):
+        assert torch.equal(image, 255 - plain[int(index)][0])
+
+
+def test_transform_may_change_dtype_and_shape(packed):
+    ds = open_dataset(packed, transform=lambda image: image.float().mean(0, keepdim=True) / 255)
+    image, _ = ds[0]
+    assert image.dtype == torch.float32 and tuple(image.shape) == (1, STORED_SIZE, STORED_SIZE)
+    images, _ = ds.read_batch(np.array([0, 1]))
+    assert images.dtype == torch.float32 and tuple(images.shape) == (2, 1, STORED_SIZE, STORED_SIZE)
+    assert torch.equal(images[0], image)
+
+
+# ---------------------------------------------------------------- pickling and processes
+
+
+def test_pickle_after_reading_carries_no_memory_map(ds, packed):
+    ds.read_batch(np.arange(NUM_SAMPLES))  # opens the maps (and a decoding pool for jpeg)
+    ds[0]
+    data = pickle.dumps(ds)
+    assert len(data) < 4096 < os.path.getsize(packed)
+    clone = pickle.loads(data)
+    assert len(clone) == len(ds) and repr(clone) == repr(ds)
+    for index in (0, 5, NUM_SAMPLES - 1):
+        assert torch.equal(clone[index][0], ds[index][0])
+    assert torch.equal(clone.read_batch(np.arange(6))[0], ds.read_batch(np.arange(6))[0])
+
+
+def test_pickle_before_reading(packed):
+    ds = open_dataset(packed)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert torch.equal(clone[1][0], ds[1][0])
+
+
+def test_forked_child_reopens_the_file(ds):
+    ds[0]  # opened in the parent...
+    ds.read_batch(np.arange(NUM_SAMPLES))  # ...with a decoding thread pool for jpeg
+    parent_pid = ds._pid
+    assert parent_pid == os.getpid()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=read_in_child, args=(ds, [0, 3, NUM_SAMPLES - 1], queue))
+    child.start()
+    try:
+        child_pid, pid_seen_by_dataset, items, batch = queue.get(timeout=60)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()  # e.g. stuck on the parent's thread pool, which has no threads in the child
+    assert child.exitcode == 0
+    assert child_pid != parent_pid
+    assert pid_seen_by_dataset == child_pid  # reopened in the child
+    assert ds._pid == parent_pid  # the parent's state is untouched
+    expected = np.stack([ds[i][0].numpy() for i in (0, 3, NUM_SAMPLES - 1)])
+    assert np.array_equal(items, expected) and np.array_equal(batch, expected)
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_plain_torch_dataloader_with_workers(packed_files, start_method):
+    ds = HDF5Dataset(packed_files("hdf5", "jpeg"), transform=invert)
+    expected_images, expected_labels = ds.read_batch(np.arange(NUM_SAMPLES))  # opened in the parent first
+    loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context=start_method)
+    batches = list(loader)
+    assert [len(labels) for _, labels in batches] == [8, 8, 8]
+    images = torch.cat([images for images, _ in batches])
+    labels = torch.cat([labels for _, labels in batches])
+    assert torch.equal(images, expected_images)
+    assert torch.equal(labels, expected_labels)

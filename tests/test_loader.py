@@ -1,0 +1,416 @@
+"""make_loader, BatchLoader and BatchIndexSampler: every sample once per epoch, reproducible, flat memory."""
+
+import gc
+import os
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
+from fastdata.loader import BatchLoader
+from fastdata.samplers import BatchIndexSampler
+from helpers import FORMATS, NUM_CLASSES, PER_CLASS, write_random_png
+
+NUM_SAMPLES = NUM_CLASSES * PER_CLASS
+BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show
+BIG_SIZE = 32
+BIG_BATCH = 32
+MB = 1024  # in kB, the unit of /proc
+
+
+# ---------------------------------------------------------------- worker-side probes (module level: spawn pickles them)
+
+
+def memory_kb():
+    """This process's (RssAnon, Private_Dirty) in kB, from /proc."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                values["anon"] = int(line.split()[1])
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                values["private"] = int(line.split()[1])
+    return values["anon"], values["private"]
+
+
+class ProbeMixin:
+    """Adds a third batch element ``[pid, RssAnon kB, Private_Dirty kB]`` measured after the read."""
+
+    def read_batch(self, indices, *args, **kwargs):
+        batch = super().read_batch(indices, *args, **kwargs)
+        return (*batch, torch.tensor([os.getpid(), *memory_kb()], dtype=torch.int64))
+
+
+class ProbeHDF5(ProbeMixin, HDF5Dataset):
+    pass
+
+
+class ProbeArrow(ProbeMixin, ArrowDataset):
+    pass
+
+
+PROBES = {"hdf5": ProbeHDF5, "arrow": ProbeArrow}
+
+
+class CachingProbe(ProbeHDF5):
+    """Control: keeps a per-sample bytes object for every sample it reads (grows in any start method)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self._cache = []
+
+    def read_batch(self, indices, *args, **kwargs):
+        batch = super().read_batch(indices, *args, **kwargs)
+        self._cache.extend(image.numpy().tobytes() * 10 for image in batch[0])  # ~30 kB per sample
+        return batch
+
+
+class CopyOnWriteProbe(ProbeHDF5):
+    """Control: per-sample Python objects built in the parent; reading them in a forked
+    worker bumps their refcounts and so copies their pages (what fastdata avoids)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self._blobs = [tuple(bytes(4000) for _ in range(6)) for _ in range(len(self))]
+
+    def read_batch(self, indices, *args, **kwargs):
+        touched = [blob for index in indices for blob in self._blobs[index]]
+        assert len(touched) == 6 * len(indices)
+        return super().read_batch(indices, *args, **kwargs)
+
+
+class FailingDataset(HDF5Dataset):
+    """Raises on the third batch it reads."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.calls = 0
+
+    def read_batch(self, indices, *args, **kwargs):
+        self.calls += 1
+        if self.calls == 3:
+            raise RuntimeError("disk on fire")
+        return super().read_batch(indices, *args, **kwargs)
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def big_files(tmp_path_factory):
+    """``get(fmt, storage) -> path``: 4 classes x 600 random 16x12 PNGs, stored at 32x32."""
+    root = tmp_path_factory.mktemp("big") / "images"
+    rng = np.random.default_rng(0)
+    for label in range(NUM_CLASSES):
+        (root / f"class_{label}").mkdir(parents=True)
+        for index in range(BIG_PER_CLASS):
+            write_random_png(root / f"class_{label}" / f"{index:04d}.png", rng, size=(16, 12))
+    cache = {}
+
+    def get(fmt, storage):
+        if (fmt, storage) not in cache:
+            out = root.parent / f"big-{storage}{FORMATS[fmt]}"
+            convert_imagefolder(root, out, size=BIG_SIZE, storage=storage, workers=2, progress=False)
+            cache[fmt, storage] = out
+        return cache[fmt, storage]
+
+    return get
+
+
+def index_of_images(dataset):
+    """Map each stored image's bytes to its index (all images of these folders differ)."""
+    images, _ = dataset.read_batch(np.arange(len(dataset)))
+    lookup = {image.numpy().tobytes(): index for index, image in enumerate(images)}
+    assert len(lookup) == len(dataset), "test data should hold distinct images"
+    return lookup
+
+
+def batch_indices(lookup, images):
+    return [lookup[image.numpy().tobytes()] for image in images]
+
+
+def run_epochs(loader, epochs=2):
+    """Iterate ``loader``; return per epoch a list of ``(images, labels, probe or None)`` batches."""
+    return [[(batch[0], batch[1], batch[2] if len(batch) > 2 else None) for batch in loader] for _ in range(epochs)]
+
+
+def shutdown(loader):
+    # Stop persistent workers now rather than at some later garbage collection.
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        iterator._shutdown_workers()
+    del loader
+    gc.collect()
+
+
+# ---------------------------------------------------------------- loading with worker processes
+
+WORKER_RUNS = [
+    ("fork", "hdf5", "raw"),
+    ("fork", "arrow", "jpeg"),
+    ("spawn", "arrow", "raw"),
+    ("spawn", "hdf5", "jpeg"),
+    ("forkserver", "hdf5", "raw"),
+]
+
+
+@pytest.fixture(scope="module", params=WORKER_RUNS, ids=["-".join(run) for run in WORKER_RUNS])
+def worker_run(request, big_files):
+    """Two shuffled epochs through make_loader(num_workers=2) with persistent workers."""
+    start_method, fmt, storage = request.param
+    path = big_files(fmt, storage)
+    dataset = PROBES[fmt](path)
+    loader = make_loader(
+        dataset, BIG_BATCH, shuffle=True, seed=7, num_workers=2, multiprocessing_context=start_method
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        epochs = run_epochs(loader)
+    info = {
+        "start_method": start_method,
+        "loader": loader,
+        "epochs": epochs,
+        "lookup": index_of_images(open_dataset(path)),
+        "labels": open_dataset(path).labels.copy(),
+        "len": len(loader),
+        "pin_memory": loader.pin_memory,
+    }
+    yield info
+    shutdown(loader)
+
+
+def test_workers_visit_every_sample_once_per_epoch(worker_run):
+    num_samples = len(worker_run["labels"])
+    for epoch in worker_run["epochs"]:
+        seen = []
+        for images, labels, _ in epoch:
+            indices = batch_indices(worker_run["lookup"], images)
+            assert labels.tolist() == worker_run["labels"][indices].tolist()
+            assert indices == sorted(indices)  # a batch is read (and returned) in file order
+            seen += indices
+        assert sorted(seen) == list(range(num_samples))
+
+
+def test_workers_batches_follow_the_seeded_sampler(worker_run):
+    num_samples = len(worker_run["labels"])
+    sampler = BatchIndexSampler(num_samples, BIG_BATCH, shuffle=True, seed=7)
+    for epoch in worker_run["epochs"]:
+        got = [batch_indices(worker_run["lookup"], images) for images, _, _ in epoch]
+        assert got == [batch.tolist() for batch in sampler]
+    first, second = ([batch_indices(worker_run["lookup"], b[0]) for b in e] for e in worker_run["epochs"])
+    assert first != second
+
+
+def test_workers_batches_have_the_right_types_and_len(worker_run):
+    batches = worker_run["epochs"][0]
+    assert worker_run["len"] == len(batches) == -(-len(worker_run["labels"]) // BIG_BATCH)
+    images, labels, _ = batches[0]
+    assert images.dtype == torch.uint8 and tuple(images.shape) == (BIG_BATCH, 3, BIG_SIZE, BIG_SIZE)
+    assert labels.dtype == torch.int64 and tuple(labels.shape) == (BIG_BATCH,)
+
+
+def test_pin_memory_defaults_to_false_without_cuda(worker_run):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: pinning is the default")
+    assert worker_run["pin_memory"] is False
+
+
+def test_persistent_workers_are_the_same_processes_in_both_epochs(worker_run):
+    pids = [{int(probe[0]) for _, _, probe in epoch} for epoch in worker_run["epochs"]]
+    assert len(pids[0]) == 2 and pids[0] == pids[1]
+    assert os.getpid() not in pids[0]
+
+
+def growth_per_worker(epochs):
+    """``{pid: (RssAnon growth, Private_Dirty growth)}`` in kB, first batch to last."""
+    readings = {}
+    for epoch in epochs:
+        for _, _, probe in epoch:
+            readings.setdefault(int(probe[0]), []).append((int(probe[1]), int(probe[2])))
+    return {
+        pid: (values[-1][0] - values[0][0], values[-1][1] - values[0][1]) for pid, values in readings.items()
+    }
+
+
+def test_worker_memory_stays_flat(worker_run):
+    growth = growth_per_worker(worker_run["epochs"])
+    assert len(growth) == 2
+    for pid, (anon, private) in growth.items():
+        assert anon < 8 * MB, f"worker {pid}: RssAnon grew by {anon} kB over two epochs"
+        assert private < 8 * MB, f"worker {pid}: Private_Dirty grew by {private} kB (copy-on-write?)"
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_memory_probe_sees_a_growing_worker(big_files, start_method):
+    # Control for the test above: the same probe does report growth when a worker keeps data.
+    loader = make_loader(
+        CachingProbe(big_files("hdf5", "raw")), BIG_BATCH, num_workers=2, multiprocessing_context=start_method
+    )
+    growth = growth_per_worker(run_epochs(loader, epochs=1))
+    shutdown(loader)
+    assert len(growth) == 2
+    for anon, _ in growth.values():
+        assert anon > 8 * MB
+
+
+def test_memory_probe_sees_copy_on_write_in_forked_workers(big_files):
+    # Control: Python objects per sample, made before the fork, are copied page by
+    # page as workers touch them. RssAnon cannot see that; Private_Dirty does.
+    loader = make_loader(
+        CopyOnWriteProbe(big_files("hdf5", "raw")), BIG_BATCH, num_workers=2, multiprocessing_context="fork"
+    )
+    growth = growth_per_worker(run_epochs(loader, epochs=1))
+    shutdown(loader)
+    assert len(growth) == 2
+    for _, private in growth.values():
+        assert private > 8 * MB
+
+
+# ---------------------------------------------------------------- in-process loader (num_workers=0)
+
+
+@pytest.fixture
+def small(packed):
+    return open_dataset(packed)
+
+
+def test_no_workers_gives_a_batch_loader(small):
+    loader = make_loader(small, 5)
+    assert isinstance(loader, BatchLoader)
+    assert loader.batch_size == 5 and loader.dataset is small
+    assert not loader.pin_memory or torch.cuda.is_available()
+
+
+def test_batch_loader_visits_every_sample_once_in_order(small):
+    lookup = index_of_images(small)
+    loader = make_loader(small, 5)
+    batches = list(loader)
+    assert len(loader) == len(batches) == 5
+    assert [len(labels) for _, labels in batches] == [5, 5, 5, 5, 4]
+    indices = [i for images, _ in batches for i in batch_indices(lookup, images)]
+    assert indices == list(range(NUM_SAMPLES))
+    assert torch.cat([labels for _, labels in batches]).tolist() == small.labels.tolist()
+
+
+@pytest.mark.parametrize("prefetch_factor", [0, 1, 3])
+def test_batch_loader_equals_read_batch(small, prefetch_factor):
+    loader = make_loader(small, 7, shuffle=True, seed=3, prefetch_factor=prefetch_factor)
+    sampler = BatchIndexSampler(NUM_SAMPLES, 7, shuffle=True, seed=3)
+    for (images, labels), indices in zip(loader, sampler, strict=True):
+        expected_images, expected_labels = small.read_batch(indices)
+        assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+
+
+def test_shuffle_is_reproducible_and_epochs_differ(small):
+    lookup = index_of_images(small)
+
+    def epochs(seed):
+        loader = make_loader(small, 4, shuffle=True, seed=seed)
+        return [[batch_indices(lookup, images) for images, _ in loader] for _ in range(3)]
+
+    first, again, other = epochs(0), epochs(0), epochs(1)
+    assert first == again
+    assert first != other
+    assert first[0] != first[1] != first[2]
+    for epoch in first:
+        assert sorted(i for batch in epoch for i in batch) == list(range(NUM_SAMPLES))
+        assert all(batch == sorted(batch) for batch in epoch)
+
+
+def test_drop_last(small):
+    loader = make_loader(small, 5, drop_last=True, shuffle=True)
+    batches = list(loader)
+    assert len(loader) == len(batches) == 4
+    assert all(len(labels) == 5 for _, labels in batches)
+    assert len(make_loader(small, 6, drop_last=True)) == 4
+    assert len(make_loader(small, 25, drop_last=True)) == 0 == len(list(make_loader(small, 25, drop_last=True)))
+
+
+def test_no_warning_and_no_pinning_without_cuda(small):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = make_loader(small, 8)
+        images, _ = next(iter(loader))
+    assert loader.pin_memory is False and not images.is_pinned()
+
+
+def test_errors_in_reading_reach_the_training_loop(packed_files):
+    loader = make_loader(FailingDataset(packed_files("hdf5", "raw")), 4)
+    got = []
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        for images, _ in loader:
+            got.append(images)
+    assert len(got) == 2
+    assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+def test_stopping_early_stops_the_read_ahead_thread(small):
+    iterator = iter(make_loader(small, 2, prefetch_factor=2))
+    next(iterator)
+    iterator.close()
+    assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"batch_size": 0}, ValueError, "batch_size should be a positive integer"),
+        ({"batch_size": 2.5}, ValueError, "batch_size"),
+        ({"num_workers": -1}, ValueError, "num_workers should be a non-negative integer"),
+        ({"prefetch_factor": -1}, ValueError, "prefetch_factor"),
+    ],
+)
+def test_make_loader_rejects_bad_options(small, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        make_loader(small, **kwargs)
+
+
+def test_make_loader_needs_a_fastdata_dataset():
+    with pytest.raises(TypeError, match="read_batch"):
+        make_loader([1, 2, 3], 2)
+
+
+@pytest.mark.parametrize("drop_last, sizes", [(False, [10, 10, 4]), (True, [10, 10])])
+def test_workers_loader_is_a_torch_dataloader(packed_files, drop_last, sizes):
+    dataset = open_dataset(packed_files("arrow", "raw"))
+    loader = make_loader(dataset, 10, num_workers=1, drop_last=drop_last, multiprocessing_context="fork")
+    assert isinstance(loader, DataLoader)
+    assert len(loader) == len(sizes) and loader.pin_memory is False
+    batches = list(loader)
+    assert [len(labels) for _, labels in batches] == sizes
+    assert torch.equal(torch.cat([images for images, _ in batches]), dataset.read_batch(np.arange(sum(sizes)))[0])
+    shutdown(loader)
+
+
+# ---------------------------------------------------------------- BatchIndexSampler
+
+
+def test_sampler_without_shuffle_is_arange_in_batches():
+    batches = list(BatchIndexSampler(10, 4))
+    assert [b.tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(b.dtype == np.int64 for b in batches)
+
+
+def test_sampler_set_epoch_replays_an_epoch():
+    sampler = BatchIndexSampler(50, 8, shuffle=True, seed=1)
+    first = [b.tolist() for b in sampler]
+    second = [b.tolist() for b in sampler]
+    sampler.set_epoch(0)
+    assert [b.tolist() for b in sampler] == first != second
+
+
+@pytest.mark.parametrize(
+    "num_samples, batch_size, drop_last, expected",
+    [(10, 4, False, 3), (10, 4, True, 2), (8, 4, True, 2), (0, 4, False, 0), (3, 4, True, 0)],
+)
+def test_sampler_len(num_samples, batch_size, drop_last, expected):
+    sampler = BatchIndexSampler(num_samples, batch_size, shuffle=True, drop_last=drop_last)
+    assert len(sampler) == len(list(sampler)) == expected

@@ -1,0 +1,46 @@
+"""fastdata.synthetic: photo-like JPEG folders for tests, demos and benchmarks."""
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastdata.converters import find_images
+from fastdata.synthetic import make_imagefolder, make_photo
+
+
+def test_make_imagefolder_writes_an_imagefolder_tree(tmp_path):
+    root = make_imagefolder(tmp_path / "photos", num_classes=3, per_class=2, size=(120, 90), seed=0)
+    assert root == os.fspath(tmp_path / "photos")
+    classes, relpaths, labels = find_images(root)
+    assert classes == ["class_0", "class_1", "class_2"]
+    assert relpaths == [os.path.join(f"class_{c}", f"img_{i:05d}.jpg") for c in range(3) for i in range(2)]
+    assert labels.tolist() == [0, 0, 1, 1, 2, 2]
+    with Image.open(os.path.join(root, relpaths[0])) as img:
+        assert img.format == "JPEG" and img.mode == "RGB" and img.size == (120, 90)
+
+
+def test_make_imagefolder_is_seeded(tmp_path):
+    a = make_imagefolder(tmp_path / "a", 2, 2, size=(120, 90), seed=5)
+    b = make_imagefolder(tmp_path / "b", 2, 2, size=(120, 90), seed=5)
+    c = make_imagefolder(tmp_path / "c", 2, 2, size=(120, 90), seed=6)
+    name = os.path.join("class_1", "img_00001.jpg")
+    read = lambda root: pathlib.Path(root, name).read_bytes()  # noqa: E731
+    assert read(a) == read(b)
+    assert read(a) != read(c)
+
+
+def test_make_photo_images_differ_and_are_not_flat():
+    rng = np.random.default_rng(0)
+    first, second = np.asarray(make_photo(rng, 120, 90)), np.asarray(make_photo(rng, 120, 90))
+    assert first.shape == (90, 120, 3) and first.dtype == np.uint8
+    assert not np.array_equal(first, second)
+    assert first.std() > 10
+
+
+@pytest.mark.parametrize("width, height", [(32, 24), (16, 16), (41, 90)])
+def test_make_photo_works_for_small_sizes(width, height):
+    img = make_photo(np.random.default_rng(0), width, height)
+    assert img.size == (width, height) and img.mode == "RGB"
