@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 # processes (see NOTE [worker start]) never pay for importing torch.
 _EXPORTS = {
     "ArrowDataset": "fastdata.datasets",
+    "BucketBatchSampler": "fastdata.samplers",
     "ConversionReport": "fastdata.converters",
     "FastdataError": "fastdata.errors",
     "FormatError": "fastdata.errors",
@@ -15,7 +16,9 @@ _EXPORTS = {
     "MissingDependencyError": "fastdata.errors",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
+    "Tokenizer": "fastdata.tokenizers",
     "convert_imagefolder": "fastdata.converters",
+    "convert_text": "fastdata.converters",
     "make_loader": "fastdata.loader",
     "open_dataset": "fastdata.datasets",
 }

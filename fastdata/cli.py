@@ -68,6 +68,55 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
     click.echo(str(report))
 
 
+@convert.command("text")
+@click.argument("src", type=click.Path(exists=True))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--tokenizer", default="words", show_default=True,
+              help="words (built in), bytes (UTF-8 bytes as ids), a Hugging Face tokenizers .json file, "
+                   "or a packed .h5/.arrow file whose tokenizer to reuse (e.g. train.h5 for the test split).")
+@click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="words: vocabulary file, one token per line, instead of building one from SRC.")
+@click.option("--min-freq", type=click.IntRange(min=1), default=1, show_default=True,
+              help="words: leave out tokens seen fewer times (they become <unk>).")
+@click.option("--max-vocab", type=click.IntRange(min=3), default=None,
+              help="words: largest vocabulary size, <pad> and <unk> included.")
+@click.option("--max-length", type=click.IntRange(min=1), default=None, help="Keep at most this many ids per sample.")
+@click.option("--lowercase/--no-lowercase", default=None,
+              help="Lower-case the text [default: on for words, off otherwise].")
+@click.option("--strip-html/--keep-html", default=None,
+              help="Replace HTML line breaks (<br />) by spaces [default: on, off for tokenizer files].")
+@click.option("--source-format", type=click.Choice(["folder", "csv", "tsv", "jsonl", "lines"]), default=None,
+              help="How to read SRC [default: folder, or by file extension; other files: one text per line].")
+@click.option("--text-field", default="text", show_default=True, help="CSV column / JSON field with the text.")
+@click.option("--label-field", default="label", show_default=True, help="CSV column / JSON field with the label.")
+@click.option("--no-labels", is_flag=True, help="CSV/JSONL: store no labels (all -1).")
+@click.option("--unsup/--no-unsup", default=False, show_default=True,
+              help="Folder SRC: also store the unsup folder, unlabeled (label -1).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Tokenizing processes [default: all cores].")
+@click.option("--on-error", type=click.Choice(["skip", "warn", "raise"]), default="skip", show_default=True,
+              help="What to do with an unusable input (not UTF-8, empty, missing field, bad label).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_reports_errors
+def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html,
+                         source_format, text_field, label_field, no_labels, unsup, workers, on_error, overwrite,
+                         quiet):
+    """Tokenize the text corpus SRC once into OUT (.h5, .hdf5 or .arrow).
+
+    SRC is a folder SRC/<label>/<sample>.txt (e.g. aclImdb/train), a .csv/.tsv
+    file with a header, a .jsonl file, or a text file with one sample per line.
+    """
+    from fastdata.converters import convert_text
+
+    report = convert_text(
+        src, out, tokenizer=tokenizer, vocab=vocab, min_freq=min_freq, max_vocab=max_vocab, max_length=max_length,
+        lowercase=lowercase, strip_html=strip_html, source_format=source_format, text_field=text_field,
+        label_field=None if no_labels else label_field, include_unsup=unsup, workers=workers, on_error=on_error,
+        overwrite=overwrite, progress=not quiet,
+    )
+    click.echo(str(report))
+
+
 @main.command()
 @click.argument("path", type=click.Path(dir_okay=False))
 @_reports_errors
@@ -85,5 +134,5 @@ def _parse_size(text):
     except ValueError:
         sizes = []
     if len(sizes) not in (1, 2) or min(sizes) < 1:
-        raise click.BadParameter(f"expected N or HxW with positive integers, got {text!r}", param_hint="--size")
+        raise ValueError(f"--size should be N or HxW with positive integers, got {text!r}")
     return sizes[0] if len(sizes) == 1 else tuple(sizes)

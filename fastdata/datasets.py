@@ -26,7 +26,8 @@ class PackedDataset(Dataset):
     """Map-style view of a file written by a fastdata converter.
 
     Items are ``(image, label)``: image a uint8 tensor ``[3, H, W]``, label an
-    int. ``transform``, if given, is applied to each image tensor.
+    int; for a text file ``(tokens, label)`` with tokens int64 ``[L]``.
+    ``transform``, if given, is applied to each image tensor.
     """
 
     format = None  # "hdf5" or "arrow", set by subclasses
@@ -61,6 +62,14 @@ class PackedDataset(Dataset):
         """int64 labels ``[N]``, memory-mapped from the file."""
         return self._open().labels
 
+    @property
+    def lengths(self):
+        """int64 stored lengths ``[N]`` of ragged samples (tokens of a text file), from the offsets."""
+        offsets = self._open().offsets
+        if offsets is None:
+            raise TypeError(f"{self.path!r} holds fixed-size {self.kind} samples; lengths are for ragged ones")
+        return np.diff(offsets)
+
     def __len__(self):
         return self._num_samples
 
@@ -80,14 +89,19 @@ class PackedDataset(Dataset):
         *samples, labels = self.read_batch(indices[order])
         caller = np.empty_like(order)
         caller[order] = np.arange(len(order))
+        unbatch = getattr(self._decoder, "unbatch", None)  # text: padded [B, T] -> 1-D items
+        if unbatch is not None:
+            samples = [unbatch(*samples)]
         if len(samples) == 1:
             return [(samples[0][i], int(labels[i])) for i in caller]
         return [(tuple(part[i] for part in samples), int(labels[i])) for i in caller]
 
-    def read_batch(self, indices, pin_memory=False):
+    def read_batch(self, indices, pin_memory=False, **options):
         """Read a batch in one pass; return ``(*samples, labels int64 [B])``.
 
-        For images ``samples`` is ``images uint8 [B, 3, H, W]``. ``indices``
+        For images ``samples`` is ``images uint8 [B, 3, H, W]``; for text it
+        is ``tokens int64 [B, T], lengths int64 [B]``, padded with the stored
+        pad id to the longest sample or to ``options["pad_to"]``. ``indices``
         should be sorted for a single forward pass over the file; any order
         is read correctly. With ``pin_memory`` the batch is written straight
         into page-locked memory.
@@ -97,7 +111,7 @@ class PackedDataset(Dataset):
         """
         indices = self._check_indices(np.asarray(indices, dtype=np.int64))
         columns = self._open()
-        samples = self._decoder.batch(columns, indices, pin_memory)
+        samples = self._decoder.batch(columns, indices, pin_memory, **options)
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
         return (*samples, torch.from_numpy(columns.labels[indices]))

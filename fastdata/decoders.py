@@ -69,9 +69,52 @@ class JpegImageDecoder(_ImageDecoder):
         return (images.pin_memory() if pin_memory else images,)
 
 
+class TokenDecoder:
+    """Token ids stored ragged (flat values + offsets): 1-D int64 items, padded batches.
+
+    NOTE [token padding]: a batch is copied row by row, one slice per sample,
+    into a ``[B, T]`` int64 array filled with ``pad_id``. Measured on 2 cores
+    (best of 30 runs, 256 samples of 200-311 uint16 tokens from a memmap),
+    that loop took ~0.13 ms per batch against ~0.22 ms for a ``[B, T]``
+    index array under a length mask and ~0.20 ms for one flat index over the
+    concatenated ranges: the vectorised gathers build int64 index arrays as
+    large as the batch, which costs more than 256 slice copies.
+    """
+
+    def __init__(self, metadata):
+        self.pad_id = int(metadata["tokenizer"]["pad_id"])
+        self.max_length = int(metadata["lengths"]["max"])
+
+    def max_batch_bytes(self, batch_size):
+        return batch_size * 8 * (self.max_length + 1)  # tokens [B, T] and lengths [B], int64
+
+    def item(self, columns, index):
+        values = np.asarray(columns.samples)[columns.offsets[index] : columns.offsets[index + 1]]
+        return torch.from_numpy(values.astype(np.int64))
+
+    def batch(self, columns, indices, pin_memory=False, pad_to=None):
+        """Return ``(tokens int64 [B, T], lengths int64 [B])``; T is the longest or ``pad_to``."""
+        starts = columns.offsets[indices]
+        lengths = columns.offsets[indices + 1] - starts
+        if pad_to is not None:
+            np.minimum(lengths, pad_to, out=lengths)
+        width = int(lengths.max(initial=0)) if pad_to is None else pad_to
+        tokens = np.full((len(indices), width), self.pad_id, dtype=np.int64)
+        values = np.asarray(columns.samples)  # a plain view: memmap slices cost more to make
+        for row, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):  # see NOTE [token padding]
+            tokens[row, :length] = values[start : start + length]
+        tokens = torch.from_numpy(tokens)
+        return (tokens.pin_memory() if pin_memory else tokens, torch.from_numpy(lengths))
+
+    def unbatch(self, tokens, lengths):
+        """Split a padded batch back into 1-D int64 items (views of ``tokens``)."""
+        return [row[:length] for row, length in zip(tokens, lengths.tolist())]
+
+
 DECODERS = {
     ("image", "raw"): RawImageDecoder,
     ("image", "jpeg"): JpegImageDecoder,
+    ("text", "tokens"): TokenDecoder,
 }
 
 

@@ -22,6 +22,8 @@ def describe(path):
         lines.append(f"sample:      {metadata['sample_dtype']} [{shape}] (C x H x W), stored as {metadata['storage']}")
         lines.append(f"mean:        {metadata['mean']}")
         lines.append(f"std:         {metadata['std']}")
+    elif metadata["kind"] == "text":
+        lines += _text_lines(metadata)
     lines.append(f"classes:     {len(metadata.get('classes', []))}")
     for name, count in zip(metadata.get("classes", []), metadata.get("class_counts", [])):
         lines.append(f"  {count:>8}  {name}")
@@ -36,6 +38,21 @@ def describe(path):
         lines.append(f"  ... and {len(skipped) - _SHOWN_SKIPS} more")
     del columns
     return "\n".join(lines)
+
+
+def _text_lines(metadata):
+    tokenizer, lengths = metadata["tokenizer"], metadata["lengths"]
+    percentiles = ", ".join(f"{key} {lengths[key]:g}" for key in ("p50", "p90", "p95", "p99"))
+    return [
+        f"sample:      {metadata['sample_dtype']} token ids, variable length, stored as {metadata['storage']}",
+        f"tokenizer:   {tokenizer['kind']}, {tokenizer['vocab_size']} ids, pad id {tokenizer['pad_id']}, "
+        f"unk id {tokenizer['unk_id']}, lowercase={tokenizer['lowercase']}, strip_html={tokenizer['strip_html']}, "
+        f"max_length={tokenizer['max_length']}",
+        f"lengths:     min {lengths['min']}, mean {lengths['mean']:g}, max {lengths['max']}; {percentiles}",
+        f"tokens:      {lengths['num_tokens']} ({metadata['unk_fraction']:.2%} unknown), "
+        f"{lengths['truncated']} samples truncated",
+        f"unlabeled:   {metadata['num_unlabeled']}",
+    ]
 
 
 def _human_bytes(size):

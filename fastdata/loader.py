@@ -32,8 +32,13 @@ def make_loader(
     prefetch_factor=2,
     persistent_workers=True,
     multiprocessing_context=None,
+    pad_to=None,
+    batch_sampler=None,
 ):
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
+
+    On a text file it yields ``(tokens int64 [B, T], lengths int64 [B],
+    labels int64 [B])``, tokens padded with the file's pad id.
 
     Args:
         dataset: an HDF5Dataset or ArrowDataset (anything with ``read_batch``).
@@ -49,6 +54,10 @@ def make_loader(
         prefetch_factor: batches read ahead (per worker with workers).
         persistent_workers: keep worker processes between epochs.
         multiprocessing_context: start method for workers ("fork", "spawn", ...).
+        pad_to: text only: pad (and cut) every batch to this many tokens;
+            default: to the longest sample of each batch.
+        batch_sampler: yields each batch's int64 indices, e.g. a
+            BucketBatchSampler; replaces batch_size, shuffle, seed, drop_last.
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset`` and ``sampler``:
@@ -64,15 +73,24 @@ def make_loader(
         raise ValueError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
     if not hasattr(dataset, "read_batch"):
         raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
+    options = _read_options(dataset, pad_to)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    if batch_sampler is not None and (shuffle or drop_last):
+        raise ValueError("batch_sampler replaces shuffle and drop_last; set those on the sampler")
+    sampler = batch_sampler
+    if sampler is None:
+        sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    batch_size = sampler.batch_size
     if num_workers == 0:
-        return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor)
+        return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                           read_options=options)
     slot_bytes = dataset.max_batch_bytes(batch_size)
+    if slot_bytes is not None and pad_to is not None:
+        slot_bytes = max(slot_bytes, batch_size * 8 * (pad_to + 2) + 256)  # tokens, lengths, labels
     slots = None if slot_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, slot_bytes)
     return WorkerLoader(
-        _WholeBatches(dataset, slots),
+        _WholeBatches(dataset, slots, options),
         batch_size=None,  # the sampler yields whole batches
         sampler=sampler,
         num_workers=num_workers,
@@ -90,18 +108,19 @@ class BatchLoader:
     Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``.
     """
 
-    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2):
+    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, read_options=None):
         self.dataset = dataset
         self.sampler = sampler
         self.batch_size = sampler.batch_size
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
+        self.read_options = read_options or {}
 
     def __len__(self):
         return len(self.sampler)
 
     def __iter__(self):
-        batches = (self.dataset.read_batch(indices, self.pin_memory) for indices in self.sampler)
+        batches = (self.dataset.read_batch(indices, self.pin_memory, **self.read_options) for indices in self.sampler)
         if self.prefetch_factor == 0:
             return batches
         return _read_ahead(batches, self.prefetch_factor)
@@ -162,17 +181,29 @@ class WorkerLoader(DataLoader):
 class _WholeBatches:
     """Dataset whose items are whole batches: ``self[indices] -> read_batch(indices)``."""
 
-    def __init__(self, dataset, slots=None):
+    def __init__(self, dataset, slots=None, read_options=None):
         self.dataset = dataset
         self.slots = slots
+        self.read_options = read_options or {}
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, indices):
-        batch = self.dataset.read_batch(indices)
+        batch = self.dataset.read_batch(indices, **self.read_options)
         return batch if self.slots is None else self.slots.pack(batch)
 
 
 def _as_is(batch):
     return batch
+
+
+def _read_options(dataset, pad_to):
+    """Return the keyword options ``read_batch`` gets; check them against the dataset."""
+    if pad_to is None:
+        return {}
+    if not isinstance(pad_to, int) or isinstance(pad_to, bool) or pad_to < 1:
+        raise ValueError(f"pad_to should be a positive integer or None, got pad_to={pad_to!r}")
+    if getattr(dataset, "kind", None) != "text":
+        raise ValueError(f"pad_to applies to text datasets, got a {getattr(dataset, 'kind', None)!r} dataset")
+    return {"pad_to": pad_to}

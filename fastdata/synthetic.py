@@ -3,8 +3,15 @@
 Images look like photos to a JPEG codec: smooth colour fields, a few hard
 edged shapes and sensor-like noise, so file sizes and decode times are those
 of real photos (about 30-60 KB at 500x375, quality 90).
+
+Reviews look like IMDB reviews to a tokenizer: a Zipf-distributed vocabulary
+of a few thousand words, sentiment words that depend on the label, mixed
+case, punctuation, contractions, ``<br /><br />`` paragraph breaks and a
+long-tailed length (median ~200 words).
 """
 
+import csv
+import json
 import os
 
 import numpy as np
@@ -18,7 +25,7 @@ def make_photo(rng, width=500, height=375):
     draw = ImageDraw.Draw(img)
     for _ in range(rng.integers(3, 8)):
         x0, y0 = rng.integers(0, width), rng.integers(0, height)
-        x1, y1 = x0 + rng.integers(20, width // 2), y0 + rng.integers(20, height // 2)
+        x1, y1 = x0 + rng.integers(1, max(2, width // 2)), y0 + rng.integers(1, max(2, height // 2))
         colour = tuple(int(c) for c in rng.integers(0, 256, 3))
         (draw.ellipse if rng.random() < 0.5 else draw.rectangle)((x0, y0, x1, y1), fill=colour)
     pixels = np.asarray(img, dtype=np.int16) + rng.normal(0, 6, (height, width, 3)).astype(np.int16)
@@ -35,3 +42,116 @@ def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0,
             path = os.path.join(folder, f"img_{index:05d}.jpg")
             make_photo(rng, *size).save(path, "JPEG", quality=quality)
     return os.fspath(root)
+
+
+_FUNCTION_WORDS = (
+    "the a and of to is in it this that was as with for but on movie film not you are his have be one all at "
+    "by an who they from so like her just about out if has what some there can more when very even my would "
+    "she which only really see story their had we me well were than much been get do also into how its will"
+).split()
+_SENTIMENT_WORDS = {
+    "pos": "great excellent wonderful loved best beautiful brilliant perfect superb enjoyable fun touching".split(),
+    "neg": "bad worst awful boring terrible waste poor stupid horrible dull mess disappointing".split(),
+}
+_CONTRACTIONS = ("don't", "it's", "didn't", "can't", "isn't", "I'm", "wasn't", "you'll")
+_SYLLABLES = "ka ro mi ten sa lo ver dan ith on pre ul gra sto bel mer tic al ry ne".split()
+
+
+def _lexicon(size=4000, seed=1234):
+    """Return ``size`` distinct made-up words, the same for every call."""
+    rng = np.random.default_rng(seed)
+    words, seen = [], set(_FUNCTION_WORDS)
+    while len(words) < size:
+        word = "".join(rng.choice(_SYLLABLES, rng.integers(1, 4)))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return _FUNCTION_WORDS + words
+
+
+_LEXICON = None
+
+
+def make_review(rng, label=None):
+    """Return one review-like text drawn from ``rng``; ``label`` "pos", "neg" or None."""
+    global _LEXICON
+    if _LEXICON is None:
+        words = _lexicon()
+        ranks = np.arange(1, len(words) + 1)
+        _LEXICON = (np.array(words, dtype=object), np.cumsum(1 / ranks**1.05) / np.sum(1 / ranks**1.05))
+    words, cdf = _LEXICON
+    sentiment = _SENTIMENT_WORDS.get(label, _SENTIMENT_WORDS["pos"] + _SENTIMENT_WORDS["neg"])
+    num_words = int(np.clip(rng.lognormal(np.log(200), 0.6), 8, 1500))
+    drawn = words[np.minimum(np.searchsorted(cdf, rng.random(num_words)), len(words) - 1)]
+    sentences, sentence = [], []
+    for i, word in enumerate(drawn):
+        roll = rng.random()
+        if roll < 0.04:
+            word = sentiment[rng.integers(len(sentiment))]
+        elif roll < 0.05:
+            word = _CONTRACTIONS[rng.integers(len(_CONTRACTIONS))]
+        sentence.append(word.capitalize() if not sentence else word)
+        if rng.random() < 0.06 and len(sentence) > 2:
+            sentence[-1] += ","
+        if len(sentence) >= 6 and rng.random() < 0.12 or i == len(drawn) - 1:
+            sentences.append(" ".join(sentence) + "!?."[min(2, rng.integers(0, 8))])
+            sentence = []
+    paragraphs, start = [], 0
+    while start < len(sentences):
+        stop = start + int(rng.integers(2, 8))
+        paragraphs.append(" ".join(sentences[start:stop]))
+        start = stop
+    return "<br /><br />".join(paragraphs)
+
+
+def make_reviews(num_samples, seed=0, classes=("neg", "pos")):
+    """Return ``(texts, labels)``: review-like texts and their label names, alternating."""
+    rng = np.random.default_rng(seed)
+    labels = [classes[i % len(classes)] for i in range(num_samples)]
+    return [make_review(rng, label) for label in labels], labels
+
+
+def make_text_corpus(root, per_class=25, num_unsup=0, seed=0, splits=("train",)):
+    """Write an IMDB-like tree ``root/<split>/{neg,pos,unsup}/<id>_<rating>.txt``; return ``root``.
+
+    ``unsup`` (unlabeled, rating 0) is written for the "train" split only,
+    when ``num_unsup > 0``.
+    """
+    rng = np.random.default_rng(seed)
+    for split in splits:
+        folders = [("neg", per_class), ("pos", per_class)]
+        if split == "train" and num_unsup:
+            folders.append(("unsup", num_unsup))
+        for label, count in folders:
+            folder = os.path.join(root, split, label)
+            os.makedirs(folder, exist_ok=True)
+            for index in range(count):
+                rating = {"neg": rng.integers(1, 5), "pos": rng.integers(7, 11)}.get(label, 0)
+                text = make_review(rng, label if label != "unsup" else None)
+                with open(os.path.join(folder, f"{index}_{rating}.txt"), "w", encoding="utf-8") as f:
+                    f.write(text)
+    return os.fspath(root)
+
+
+def write_text_file(path, texts, labels=None, *, text_field="text", label_field="label"):
+    """Write ``texts`` (and ``labels``) as CSV, TSV, JSON Lines or plain lines, by extension; return ``path``.
+
+    Plain text files (any other extension) get one text per line, without labels.
+    """
+    path = os.fspath(path)
+    ext = os.path.splitext(path)[1].lower()
+    rows = list(zip(texts, labels if labels is not None else [None] * len(texts)))
+    if ext in (".csv", ".tsv"):
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, delimiter="\t" if ext == ".tsv" else ",")
+            writer.writerow([text_field] + ([label_field] if labels is not None else []))
+            writer.writerows([text] + ([label] if labels is not None else []) for text, label in rows)
+    elif ext in (".jsonl", ".ndjson"):
+        with open(path, "w", encoding="utf-8") as f:
+            for text, label in rows:
+                record = {text_field: text} if labels is None else {text_field: text, label_field: label}
+                f.write(json.dumps(record) + "\n")
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(" ".join(text.splitlines()) + "\n" for text in texts)
+    return path

@@ -2,5 +2,6 @@
 
 from fastdata.converters.imagefolder import convert_imagefolder, find_images
 from fastdata.converters.report import ConversionReport
+from fastdata.converters.text import convert_text, find_texts
 
-__all__ = ["ConversionReport", "convert_imagefolder", "find_images"]
+__all__ = ["ConversionReport", "convert_imagefolder", "convert_text", "find_images", "find_texts"]

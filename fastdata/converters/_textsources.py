@@ -1,0 +1,265 @@
+"""Reading text sources for convert_text: folders of .txt files, CSV/TSV, JSON Lines, plain lines.
+
+Each reader returns an ``_Inputs``: one entry per input sample, with its name
+for messages, its text (or the path to read it from), its raw label, and the
+reason it cannot be used when that is already known while reading (a bad
+JSON line, a missing field, a bad label). Labels are resolved to class
+indices only after tokenizing, from the samples that were kept.
+"""
+
+import csv
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fastdata.errors import SourceError
+
+SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "lines")
+UNLABELED_FOLDER = "unsup"
+_EXTENSION_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                      ".json": "jsonl"}
+_INTEGER = re.compile(r"[0-9]+")
+_MISSING = object()  # a field absent from a record (or a short CSV row)
+
+
+@dataclass
+class _Inputs:
+    """What a source holds, before tokenizing: one entry per input sample."""
+
+    format: str
+    names: list = field(default_factory=list)  # for messages: "pos/12_7.txt", "reviews.csv:14"
+    payloads: list = field(default_factory=list)  # the text, or the path of a .txt file to read
+    labels: list = field(default_factory=list)  # folder: class index or -1; files: int, str or None
+    reasons: dict = field(default_factory=dict)  # input index -> why it cannot be used
+    classes: list | None = None  # known up front for folders only
+
+    def add(self, name, payload, label, reason=None):
+        if reason is not None:
+            self.reasons[len(self.names)] = reason
+        self.names.append(name)
+        self.payloads.append(payload)
+        self.labels.append(label)
+
+
+def source_format_of(src, source_format):
+    """Return how to read ``src``: ``source_format`` checked against it, or detected."""
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"{src!r} does not exist")
+    if source_format is not None:
+        if source_format not in SOURCE_FORMATS:
+            raise ValueError(f"source_format should be one of {SOURCE_FORMATS}, got source_format={source_format!r}")
+    detected = "folder" if os.path.isdir(src) else _EXTENSION_FORMATS.get(os.path.splitext(src)[1].lower(), "lines")
+    if source_format is None:
+        return detected
+    if (source_format == "folder") != (detected == "folder"):
+        raise ValueError(f"source_format={source_format!r} does not fit {src!r}, which is a "
+                         f"{'folder' if detected == 'folder' else 'file'}")
+    return source_format
+
+
+def read_source(src, source_format, text_field, label_field, include_unsup):
+    """Return the ``_Inputs`` of ``src`` read as ``source_format``."""
+    if source_format == "folder":
+        return _read_folder(src, include_unsup)
+    if source_format == "lines":
+        return _read_lines(src)
+    if source_format == "jsonl":
+        return _read_jsonl(src, text_field, label_field)
+    return _read_table(src, "\t" if source_format == "tsv" else ",", text_field, label_field)
+
+
+def find_texts(root, include_unsup=False):
+    """List the ``.txt`` files of a labeled text folder (``root/<label>/<name>.txt``).
+
+    Returns:
+        ``(classes, paths, labels)``: sorted label folder names (``unsup``
+        left out), paths relative to ``root`` (sorted per folder) and int64
+        labels ``[N]`` (-1 for ``unsup`` files, listed when ``include_unsup``).
+
+    Raises:
+        SourceError: ``root`` has no label folder, a folder has no ``.txt``
+            file, or ``root`` holds splits (``train/``, ``test/``) instead.
+    """
+    root = os.fspath(root)
+    folders = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    classes = [name for name in folders if name != UNLABELED_FOLDER]
+    if not classes and not (include_unsup and UNLABELED_FOLDER in folders):
+        hint = " (only 'unsup'; pass include_unsup=True / --unsup to store it unlabeled)" if folders else ""
+        raise SourceError(f"{root!r} has no label folders{hint}; expected {root}/<label>/<sample>.txt")
+    paths, labels = [], []
+    for name in folders:
+        if name == UNLABELED_FOLDER and not include_unsup:
+            continue
+        folder = os.path.join(root, name)
+        entries = [e for e in os.scandir(folder) if not e.name.startswith(".")]
+        found = sorted(e.name for e in entries if e.is_file() and e.name.lower().endswith(".txt"))
+        if not found:
+            raise SourceError(_empty_folder_message(root, name, folders, any(e.is_dir() for e in entries)))
+        paths += [os.path.join(name, path) for path in found]
+        labels += [-1 if name == UNLABELED_FOLDER else classes.index(name)] * len(found)
+    return classes, paths, np.asarray(labels, dtype=np.int64)
+
+
+def _empty_folder_message(root, name, folders, has_subfolders):
+    if has_subfolders:
+        return (f"{root!r} looks like a corpus root holding splits {folders}, not label folders; "
+                f"pass one split folder such as {os.path.join(root, name)!r}")
+    return f"label folder {name!r} in {root!r} has no .txt files; add some or remove the folder"
+
+
+def _read_folder(root, include_unsup):
+    classes, paths, labels = find_texts(root, include_unsup)
+    inputs = _Inputs("folder", classes=classes)
+    for path, label in zip(paths, labels.tolist()):
+        inputs.add(path, os.path.join(root, path), label)
+    return inputs
+
+
+def _read_lines(path):
+    inputs, name = _Inputs("lines"), os.path.basename(path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            text, reason = _decode_line(raw, first=number == 1)
+            if reason is None and not text.strip():
+                reason = "empty line"
+            inputs.add(f"{name}:{number}", text, -1, reason)
+    return _non_empty(inputs, path)
+
+
+def _read_jsonl(path, text_field, label_field):
+    inputs, name = _Inputs("jsonl"), os.path.basename(path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            line, reason = _decode_line(raw, first=number == 1)
+            record = None
+            if reason is None and not line.strip():
+                reason = "empty line"
+            elif reason is None:
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:
+                    reason = f"invalid JSON: {exc}"
+                else:
+                    if not isinstance(record, dict):
+                        record, reason = None, f"expected a JSON object, got {type(record).__name__}"
+            text, label, reason = _fields(record, text_field, label_field, reason)
+            inputs.add(f"{name}:{number}", text, label, reason)
+    return _non_empty(inputs, path)
+
+
+def _read_table(path, delimiter, text_field, label_field):
+    inputs, name = _Inputs("tsv" if delimiter == "\t" else "csv"), os.path.basename(path)
+    # surrogateescape keeps bad bytes apart so one bad row is skipped, not the whole file.
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        reader = csv.DictReader(f, delimiter=delimiter, restval=_MISSING)
+        try:
+            header = reader.fieldnames or []
+            _check_header(path, header, text_field, label_field)
+            line = reader.line_num + 1
+            for record in reader:
+                text, label, reason = _fields(record, text_field, label_field, None)
+                inputs.add(f"{name}:{line}", text, label, reason)
+                line = reader.line_num + 1
+        except csv.Error as exc:
+            raise SourceError(f"{path!r} line {reader.line_num}: not readable as CSV: {exc}") from exc
+    return _non_empty(inputs, path)
+
+
+def _check_header(path, header, text_field, label_field):
+    if not header:
+        raise SourceError(f"{path!r} is empty; expected a header row naming the columns")
+    for option, column in (("text_field", text_field), ("label_field", label_field)):
+        if column is not None and column not in header:
+            extra = " or label_field=None (--no-labels)" if option == "label_field" else ""
+            raise SourceError(f"{path!r} has no column {column!r} (columns: {header}); "
+                              f"pass {option}= (--{option.replace('_', '-')}){extra}")
+
+
+def _has_bad_bytes(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # surrogates: bytes surrogateescape kept apart, or JSON "\\ud800"
+        return True
+    return False
+
+
+def _decode_line(raw, first):
+    if first and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8").rstrip("\r\n"), None
+    except UnicodeDecodeError as exc:
+        return None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
+
+
+def _fields(record, text_field, label_field, reason):
+    """Return ``(text, raw label, reason)`` from a parsed record (a dict, or None after ``reason``)."""
+    if reason is not None:
+        return None, None, reason
+    text = record.get(text_field, _MISSING)
+    if text is _MISSING:
+        return None, None, f"missing field {text_field!r}"
+    if not isinstance(text, str):
+        return None, None, f"field {text_field!r} is {_json_type(text)}, expected a string"
+    if _has_bad_bytes(text):
+        return None, None, "not valid UTF-8 (undecodable bytes or unpaired surrogates)"
+    if label_field is None:
+        return text, -1, None
+    value = record.get(label_field, _MISSING)
+    if value is _MISSING:
+        return None, None, f"missing field {label_field!r}"
+    label, reason = _check_label(value)
+    return (None if reason else text), label, reason
+
+
+def _json_type(value):
+    return "null" if value is None else type(value).__name__
+
+
+def _check_label(value):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        shown = "null" if value is None else f"{value!r} ({type(value).__name__})"
+        return None, f"bad label {shown}; labels should be integers >= 0 or strings"
+    if isinstance(value, int) and value < 0:
+        return None, f"bad label {value}; integer labels should be >= 0"
+    if isinstance(value, str) and not value.strip():
+        return None, "empty label"
+    if isinstance(value, str) and _has_bad_bytes(value):
+        return None, "label is not valid UTF-8"
+    return value, None
+
+
+def _non_empty(inputs, path):
+    if not inputs.names:
+        raise SourceError(f"{path!r} holds no samples")
+    return inputs
+
+
+def resolve_labels(inputs, kept, src, skipped):
+    """Return ``(labels int64 [N], class names)`` for the kept inputs."""
+    raw = [inputs.labels[index] for index in kept]
+    if inputs.classes is not None:  # folder: classes are the folder names
+        labels = np.asarray(raw, dtype=np.int64)
+        counts = np.bincount(labels[labels >= 0], minlength=len(inputs.classes))
+        empty = [name for name, count in zip(inputs.classes, counts) if count == 0]
+        if empty:
+            raise SourceError(f"label folder(s) {empty} in {src!r} have no usable text ({len(skipped)} "
+                              f"inputs skipped, first: {skipped[0][0]}: {skipped[0][1]}); fix or remove them")
+        return labels, list(inputs.classes)
+    if all(label == -1 for label in raw):  # unlabeled source
+        return np.full(len(raw), -1, dtype=np.int64), []
+    kinds = {type(label) for label in raw}
+    if kinds == {int} or (inputs.format in ("csv", "tsv") and all(_INTEGER.fullmatch(v) for v in raw)):
+        labels = np.asarray([int(label) for label in raw], dtype=np.int64)
+        return labels, [str(i) for i in range(int(labels.max()) + 1)]
+    if kinds != {str}:
+        first_int = next(inputs.names[i] for i in kept if isinstance(inputs.labels[i], int))
+        first_str = next(inputs.names[i] for i in kept if isinstance(inputs.labels[i], str))
+        raise SourceError(f"labels in {src!r} mix integers ({first_int}) and strings ({first_str}); "
+                          "use one kind")
+    classes = sorted(set(raw))
+    position = {name: i for i, name in enumerate(classes)}
+    return np.asarray([position[label] for label in raw], dtype=np.int64), classes

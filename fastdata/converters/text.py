@@ -1,0 +1,396 @@
+"""Text corpus -> packed token arrays: tokenized once, loaded as int arrays ever after.
+
+Sources: a folder with one sub-folder per label holding ``.txt`` files (the
+IMDB layout, ``train/pos``, ``train/neg``, ``train/unsup``), a CSV/TSV file,
+a JSON Lines file, or a plain text file with one sample per line.
+
+NOTE [vocabulary in one pass]: when the vocabulary is built from the corpus,
+workers split each text into words and send back its distinct words (one
+string) and the position of each word among them; the parent numbers new
+words in input order ("provisional" ids) and stores provisional ids. After
+the last text it ranks the words by count (ties by string) and rewrites the
+stored ids through one lookup table. The corpus is read and split once, and
+the result depends only on the input order, never on the number of workers.
+"""
+
+import json
+import os
+import time
+import warnings
+from contextlib import closing
+from functools import partial
+
+import numpy as np
+
+from fastdata.converters._output import staged_output
+from fastdata.converters._parallel import ordered_map
+from fastdata.converters._textsources import (
+    SOURCE_FORMATS,
+    UNLABELED_FOLDER,
+    find_texts,
+    read_source,
+    resolve_labels,
+    source_format_of,
+)
+from fastdata.converters.report import ConversionReport
+from fastdata.errors import SampleError, SourceError
+from fastdata.formats import Columns, write_packed
+from fastdata.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
+
+ON_ERROR = ("skip", "warn", "raise")
+PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
+_REMAP_CHUNK = 1 << 24  # provisional ids rewritten this many at a time
+_WRITE_TOKENS = 1 << 20  # ids gathered in memory before one write
+_PERCENTILES = (50, 90, 95, 99)
+
+__all__ = ["SOURCE_FORMATS", "UNLABELED_FOLDER", "convert_text", "find_texts"]
+
+
+def convert_text(
+    src,
+    out,
+    *,
+    tokenizer="words",
+    vocab=None,
+    min_freq=1,
+    max_vocab=None,
+    max_length=None,
+    lowercase=None,
+    strip_html=None,
+    source_format=None,
+    text_field="text",
+    label_field="label",
+    include_unsup=False,
+    workers=None,
+    on_error="skip",
+    overwrite=False,
+    progress=True,
+):
+    """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file.
+
+    Args:
+        src: a folder ``src/<label>/<sample>.txt`` (e.g. IMDB's ``train/``), a
+            ``.csv``/``.tsv`` file with a header, a ``.jsonl`` file, or a text
+            file with one sample per line (no labels).
+        out: output path; its extension picks the format.
+        tokenizer: "words" (built in), "bytes" (UTF-8 bytes as ids), a path
+            to a Hugging Face ``tokenizers`` JSON file, a packed text file
+            whose tokenizer is reused (e.g. the train file for the test
+            split), or a Tokenizer.
+        vocab: "words": a vocabulary file (one token per line) instead of
+            building the vocabulary from the corpus.
+        min_freq: "words", built vocabulary: leave out rarer tokens (they
+            become ``<unk>``).
+        max_vocab: "words", built vocabulary: largest vocabulary size,
+            ``<pad>`` and ``<unk>`` included.
+        max_length: keep at most this many ids per sample.
+        lowercase: lower-case the text; default True for "words" only.
+        strip_html: replace HTML line breaks (``<br />``) by spaces; default
+            True except for Hugging Face tokenizers.
+        source_format: one of SOURCE_FORMATS; default from ``src``.
+        text_field: CSV column or JSON field holding the text.
+        label_field: CSV column or JSON field holding the label, or None for
+            unlabeled data. Integer labels are kept; string labels become
+            class indices in sorted order, stored with their names.
+        include_unsup: folder source: also store the ``unsup`` folder's
+            texts, with label -1.
+        workers: processes to tokenize with; default all cores. The file
+            is the same for any number.
+        on_error: for an input that cannot be used (bytes that are not
+            UTF-8, empty text, missing field, bad label): "skip" it, "warn"
+            and skip it, or "raise" SampleError.
+        overwrite: replace an existing ``out``.
+        progress: show a progress bar (only on a terminal).
+
+    Returns:
+        ConversionReport.
+
+    Example:
+        >>> convert_text("aclImdb/train", "train.h5", max_length=512, min_freq=2)
+        >>> convert_text("aclImdb/test", "test.h5", tokenizer="train.h5")
+    """
+    started = time.perf_counter()
+    _check_choice("on_error", on_error, ON_ERROR)
+    probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
+    src = os.fspath(src)
+    inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
+    with staged_output(out, overwrite) as (staging, staged_path):
+        spec_path = os.path.join(staging, "tokenizer.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump(probe.to_dict(), f)
+        # Tokenize every usable input, in input order: ids (or provisional ids) per sample.
+        with closing(_TokenSink(staging, np.uint32 if build else probe.dtype)) as sink:
+            kept, skipped, truncated, words = _tokenize_all(inputs, sink, spec_path, build, workers, on_error,
+                                                            progress)
+            labels, classes = resolve_labels(inputs, kept, src, skipped)
+            # Rank the corpus words into the vocabulary, rewrite provisional ids (NOTE [vocabulary in one pass]).
+            tokenizer = probe
+            if build:
+                tokenizer = probe.with_vocabulary(_rank(words, sink, min_freq, max_vocab))
+                sink.remap(_lookup_table(words, tokenizer), tokenizer.dtype)
+            # Describe the file, then write ids, offsets and labels.
+            columns = Columns(sink.values(), labels, sink.offsets())
+            metadata = _metadata(inputs, src, columns, classes, tokenizer, truncated, skipped,
+                                 text_field, label_field, include_unsup, min_freq, max_vocab)
+            write_packed(staged_path, columns, metadata)
+            del columns
+    return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "doc")
+
+
+def _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html):
+    """Return ``(tokenizer, build)``; with ``build`` it only holds settings, no vocabulary yet."""
+    settings = {"lowercase": lowercase, "strip_html": strip_html, "max_length": max_length}
+    building_options = vocab is not None or min_freq != 1 or max_vocab is not None
+    if isinstance(tokenizer, (str, os.PathLike)) and os.fspath(tokenizer).lower().endswith(PACKED_EXTENSIONS):
+        tokenizer = Tokenizer.from_file(tokenizer)
+    if isinstance(tokenizer, Tokenizer):
+        if building_options or lowercase is not None or strip_html is not None:
+            raise ValueError("a given tokenizer keeps its own settings; only max_length may be set with it "
+                             "(vocab, min_freq, max_vocab, lowercase and strip_html may not)")
+        return (tokenizer if max_length is None else tokenizer.with_max_length(max_length)), False
+    if tokenizer == "words":
+        _check_vocab_options(min_freq, max_vocab)
+        if vocab is not None:
+            if min_freq != 1 or max_vocab is not None:
+                raise ValueError("min_freq and max_vocab apply when building a vocabulary; not with vocab=")
+            return Tokenizer.from_vocab_file(vocab, **settings), False
+        return Tokenizer("words", vocabulary=SPECIAL_TOKENS, **settings), True
+    if building_options:
+        raise ValueError(f"vocab, min_freq and max_vocab apply to the 'words' tokenizer, not {tokenizer!r}")
+    if tokenizer == "bytes":
+        return Tokenizer.bytes(**settings), False
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        raise TypeError(f"tokenizer should be 'words', 'bytes', a file path or a Tokenizer, "
+                        f"got {type(tokenizer).__name__}")
+    if not os.path.isfile(tokenizer):
+        raise FileNotFoundError(f"tokenizer should be 'words', 'bytes' or an existing tokenizers .json or "
+                                f"packed file; {os.fspath(tokenizer)!r} does not exist")
+    return Tokenizer.from_hf_file(tokenizer, **settings), False
+
+
+def _check_vocab_options(min_freq, max_vocab):
+    rank_vocabulary([], [], min_freq=min_freq, max_vocab=max_vocab)  # raises ValueError on bad values
+
+
+# ----- tokenizing -----------------------------------------------------------------------------------
+
+_WORKER_TOKENIZER = {}  # spec path -> Tokenizer, loaded once per process
+
+
+def _load_tokenizer(spec_path):
+    if spec_path not in _WORKER_TOKENIZER:
+        _WORKER_TOKENIZER.clear()  # one conversion at a time
+        with open(spec_path, encoding="utf-8") as f:
+            _WORKER_TOKENIZER[spec_path] = Tokenizer.from_dict(json.load(f))
+    return _WORKER_TOKENIZER[spec_path]
+
+
+def _tokenize_input(payload, spec_path, read_file, build):
+    """Return ``(ids or (words, positions), truncated, None)`` or ``(None, False, reason)``."""
+    tokenizer = _load_tokenizer(spec_path)
+    if read_file:
+        try:
+            with open(payload, "rb") as f:
+                payload = f.read().decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            return None, False, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        except OSError as exc:
+            return None, False, f"cannot read: {exc}"
+    try:
+        result, count, total = _tokenize_text(tokenizer, payload, build)
+    except Exception as exc:  # a tokenizer failure means this input is unusable
+        return None, False, f"cannot tokenize: {type(exc).__name__}: {exc}"
+    if count == 0:
+        return None, False, "no tokens (empty text)"
+    return result, count < total, None
+
+
+def _tokenize_text(tokenizer, text, build):
+    """Return ``(result, stored count, count before max_length)``."""
+    limit = tokenizer.max_length
+    if build:  # see NOTE [vocabulary in one pass]
+        tokens = tokenizer.tokenize(text, truncate=False)
+        count = len(tokens) if limit is None else min(limit, len(tokens))
+        kept = tokens[:count]
+        distinct = {word: i for i, word in enumerate(dict.fromkeys(kept))}  # first-seen order
+        positions = np.array(list(map(distinct.__getitem__, kept)), dtype=np.uint32)
+        return ("\n".join(distinct), positions), count, len(tokens)  # words never hold whitespace
+    ids = tokenizer.encode_stored(text, truncate=False)
+    count = len(ids) if limit is None else min(limit, len(ids))
+    return ids[:count], count, len(ids)
+
+
+def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
+    """Tokenize inputs into ``sink``; return ``(kept, skipped, truncated count, provisional words)``."""
+    todo = [payload for index, payload in enumerate(inputs.payloads) if index not in inputs.reasons]
+    tokenize = partial(_tokenize_input, spec_path=spec_path, read_file=inputs.format == "folder", build=build)
+    words = {}  # word -> provisional id, numbered in input order
+    kept, skipped, truncated = [], [], 0
+    with closing(ordered_map(tokenize, todo, workers=workers, progress=progress, unit="doc")) as results:
+        for index, name in enumerate(inputs.names):
+            result, cut, reason = (None, False, inputs.reasons[index]) if index in inputs.reasons else next(results)
+            if reason is not None:
+                _handle_bad_text(name, index, reason, on_error)
+                skipped.append((name, reason))
+                continue
+            if build:
+                result = _provisional_ids(words, *result)
+            sink.append(result)
+            kept.append(index)
+            truncated += cut
+    if not kept:
+        first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        raise SourceError(f"no usable text: all {len(inputs.names)} inputs were skipped{first}")
+    return kept, skipped, truncated, words
+
+
+def _provisional_ids(words, distinct, positions):
+    """Return a text's provisional ids, numbering its new words (see NOTE [vocabulary in one pass])."""
+    split = distinct.split("\n")
+    ids = list(map(words.get, split))  # the parent's hot loop: known words are looked up in C
+    if None in ids:
+        for i, word in enumerate(split):
+            if ids[i] is None:
+                ids[i] = words[word] = len(words)
+    return np.array(ids, dtype=np.uint32)[positions]
+
+
+def _handle_bad_text(name, index, reason, on_error):
+    if on_error == "raise":
+        raise SampleError(
+            f"cannot use text {name!r} (input {index}): {reason}; "
+            "pass on_error='skip' (--on-error skip) to leave it out",
+            path=name,
+            index=index,
+        )
+    if on_error == "warn":
+        warnings.warn(f"skipped text {name!r}: {reason}", stacklevel=4)
+
+
+def _rank(words, sink, min_freq, max_vocab):
+    counts = np.zeros(len(words), dtype=np.int64)
+    for chunk in sink.chunks():
+        counts += np.bincount(chunk, minlength=len(words))
+    return rank_vocabulary(list(words), counts.tolist(), min_freq=min_freq, max_vocab=max_vocab)
+
+
+def _lookup_table(words, tokenizer):
+    """Map provisional ids to final ids: ``int [num words]``, ``unk_id`` for words left out."""
+    table = np.full(len(words), tokenizer.unk_id, dtype=tokenizer.dtype)
+    for final, word in enumerate(tokenizer.vocabulary):
+        provisional = words.get(word)
+        if provisional is not None:
+            table[provisional] = final
+    return table
+
+
+# ----- metadata ----------------------------------------------------------------------------------------
+
+
+def _metadata(inputs, src, columns, classes, tokenizer, truncated, skipped,
+              text_field, label_field, include_unsup, min_freq, max_vocab):
+    lengths = np.diff(columns.offsets)
+    labels = columns.labels
+    source = {"path": os.path.abspath(src), "format": inputs.format, "num_inputs": len(inputs.names)}
+    if inputs.format == "folder":
+        source["include_unsup"] = include_unsup
+    elif inputs.format != "lines":
+        source.update(text_field=text_field, label_field=label_field)
+    unk = 0
+    if tokenizer.unk_id is not None:
+        unk = sum(int(np.count_nonzero(chunk == tokenizer.unk_id)) for chunk in _chunks(columns.samples))
+    return {
+        "kind": "text",
+        "storage": "tokens",
+        "num_samples": len(lengths),
+        "sample_shape": [None],  # one variable-length sequence per sample
+        "sample_dtype": tokenizer.dtype.name,
+        "classes": classes,
+        "class_counts": np.bincount(labels[labels >= 0], minlength=len(classes)).tolist(),
+        "num_unlabeled": int(np.count_nonzero(labels < 0)),
+        "tokenizer": tokenizer.to_dict(),
+        "preprocessing": {
+            "tokenizer": tokenizer.kind,
+            "lowercase": tokenizer.lowercase,
+            "strip_html": tokenizer.strip_html,
+            "max_length": tokenizer.max_length,
+            "vocab_size": tokenizer.vocab_size,
+            "min_freq": min_freq,
+            "max_vocab": max_vocab,
+        },
+        "lengths": {
+            "min": int(lengths.min()),
+            "max": int(lengths.max()),
+            "mean": round(float(lengths.mean()), 3),
+            **{f"p{q}": float(v) for q, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES))},
+            "num_tokens": int(lengths.sum()),
+            "truncated": int(truncated),
+        },
+        "unk_fraction": round(unk / max(1, int(lengths.sum())), 6),
+        "source": source,
+        "skipped": [{"path": name, "reason": reason} for name, reason in skipped],
+    }
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} should be one of {choices}, got {name}={value!r}")
+
+
+def _chunks(values):
+    for start in range(0, len(values), _REMAP_CHUNK):
+        yield np.asarray(values[start : start + _REMAP_CHUNK])
+
+
+class _TokenSink:
+    """Appends each sample's ids to a staging file and records its length."""
+
+    def __init__(self, staging, dtype):
+        self._staging = staging
+        self.dtype = np.dtype(dtype)
+        self._path = os.path.join(staging, "tokens.bin")
+        self._file = open(self._path, "wb")
+        self._lengths = []
+        self._pending, self._pending_size = [], 0
+
+    def append(self, ids):
+        self._pending.append(ids)
+        self._pending_size += len(ids)
+        self._lengths.append(len(ids))
+        if self._pending_size >= _WRITE_TOKENS:
+            self._flush()
+
+    def _flush(self):
+        if self._pending:
+            self._file.write(np.concatenate(self._pending).astype(self.dtype, copy=False).tobytes())
+        self._pending, self._pending_size = [], 0
+
+    def close(self):
+        self._file.close()
+
+    def values(self):
+        """Return the stored ids as a read-only memmap ``[num tokens]``."""
+        if not self._file.closed:
+            self._flush()
+            self._file.close()
+        return np.memmap(self._path, mode="r", dtype=self.dtype, shape=(sum(self._lengths),))
+
+    def chunks(self):
+        yield from _chunks(self.values())
+
+    def offsets(self):
+        offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
+        np.cumsum(self._lengths, out=offsets[1:])
+        return offsets
+
+    def remap(self, table, dtype):
+        """Rewrite every stored id ``i`` as ``table[i]`` in ``dtype``."""
+        path = os.path.join(self._staging, "tokens.final.bin")
+        old = self.values()
+        new = np.memmap(path, mode="w+", dtype=dtype, shape=old.shape)
+        for start in range(0, len(old), _REMAP_CHUNK):
+            np.take(table, old[start : start + _REMAP_CHUNK], out=new[start : start + _REMAP_CHUNK])
+        new.flush()
+        del new, old
+        os.remove(self._path)
+        self._path, self.dtype = path, np.dtype(dtype)

@@ -1,0 +1,49 @@
+"""`fastdata convert text` and `fastdata info` on text files."""
+
+import os
+
+from click.testing import CliRunner
+
+from fastdata import Tokenizer
+from fastdata.cli import main
+from fastdata.synthetic import make_reviews, write_text_file
+from text_fixtures import stored_sequences, text_corpus  # noqa: F401 (fixtures)
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+def test_convert_folder_then_info(text_corpus, tmp_path):
+    out = tmp_path / "train.h5"
+    result = run("convert", "text", text_corpus / "train", out, "--max-length", 50, "--min-freq", 2,
+                 "--unsup", "--workers", 1, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and "doc/s" in result.output
+    info = run("info", out)
+    assert info.exit_code == 0, info.output
+    assert "kind:        text" in info.output and "tokenizer:   words" in info.output
+    assert "max_length=50" in info.output and "unlabeled:   4" in info.output
+    assert Tokenizer.from_file(out).max_length == 50
+
+
+def test_convert_csv_without_labels_with_bytes(tmp_path):
+    texts, labels = make_reviews(6)
+    src = write_text_file(tmp_path / "reviews.csv", texts, labels)
+    out = tmp_path / "reviews.arrow"
+    result = run("convert", "text", src, out, "--tokenizer", "bytes", "--no-labels", "--quiet")
+    assert result.exit_code == 0, result.output
+    _, stored_labels, metadata = stored_sequences(out)
+    assert (stored_labels == -1).all() and metadata["tokenizer"]["kind"] == "bytes"
+
+
+def test_errors_are_one_line_and_status_1(tmp_path):
+    texts, _ = make_reviews(4)
+    src = write_text_file(tmp_path / "reviews.txt", texts)
+    out = tmp_path / "out.h5"
+    assert run("convert", "text", src, out, "--quiet").exit_code == 0
+    again = run("convert", "text", src, out, "--quiet")
+    assert again.exit_code == 1 and "--overwrite" in again.output
+    bad = run("convert", "text", src, tmp_path / "x.h5", "--tokenizer", "bytes", "--min-freq", 2)
+    assert bad.exit_code == 1 and "'words' tokenizer" in bad.output
+    assert not os.path.exists(tmp_path / "x.h5")
