@@ -3,7 +3,34 @@
 import numpy as np
 
 
-class BatchIndexSampler:
+class _EpochSampler:
+    """What both samplers share: argument checks, epoch counting and ``len``."""
+
+    def __init__(self, num_samples, batch_size, shuffle, seed, drop_last):
+        _check_positive("batch_size", batch_size)
+        self.num_samples = int(num_samples)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        """Use the batches of ``epoch`` next (each iteration also advances it)."""
+        self.epoch = epoch
+
+    def __len__(self):
+        if self.drop_last:
+            return self.num_samples // self.batch_size
+        return -(-self.num_samples // self.batch_size)
+
+
+def _check_positive(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} should be a positive integer, got {name}={value!r}")
+
+
+class BatchIndexSampler(_EpochSampler):
     """Yield the indices of each batch as a sorted int64 array.
 
     Every sample appears exactly once per epoch (or not at all in a dropped
@@ -21,23 +48,7 @@ class BatchIndexSampler:
     """
 
     def __init__(self, num_samples, batch_size, *, shuffle=False, seed=0, drop_last=False):
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size should be a positive integer, got batch_size={batch_size!r}")
-        self.num_samples = int(num_samples)
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.epoch = 0
-
-    def set_epoch(self, epoch):
-        """Use the permutation of ``epoch`` next (each iteration also advances it)."""
-        self.epoch = epoch
-
-    def __len__(self):
-        if self.drop_last:
-            return self.num_samples // self.batch_size
-        return -(-self.num_samples // self.batch_size)
+        super().__init__(num_samples, batch_size, shuffle, seed, drop_last)
 
     def __iter__(self):
         if self.shuffle:
@@ -50,7 +61,7 @@ class BatchIndexSampler:
             yield np.sort(batch) if self.shuffle else batch
 
 
-class BucketBatchSampler:
+class BucketBatchSampler(_EpochSampler):
     """Yield batches of samples of similar length, as sorted int64 index arrays.
 
     Each epoch draws a permutation, cuts it into pools of ``pool_batches``
@@ -77,29 +88,12 @@ class BucketBatchSampler:
     """
 
     def __init__(self, lengths, batch_size, *, pool_batches=50, shuffle=True, seed=0, drop_last=False):
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size should be a positive integer, got batch_size={batch_size!r}")
-        if not isinstance(pool_batches, int) or isinstance(pool_batches, bool) or pool_batches < 1:
-            raise ValueError(f"pool_batches should be a positive integer, got pool_batches={pool_batches!r}")
+        _check_positive("pool_batches", pool_batches)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ValueError(f"lengths should be 1-D, got shape {self.lengths.shape}")
-        self.num_samples = len(self.lengths)
-        self.batch_size = batch_size
+        super().__init__(len(self.lengths), batch_size, shuffle, seed, drop_last)
         self.pool_batches = pool_batches
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.epoch = 0
-
-    def set_epoch(self, epoch):
-        """Use the batches of ``epoch`` next (each iteration also advances it)."""
-        self.epoch = epoch
-
-    def __len__(self):
-        if self.drop_last:
-            return self.num_samples // self.batch_size
-        return -(-self.num_samples // self.batch_size)
 
     def __iter__(self):
         batches = self.batches(self.epoch)

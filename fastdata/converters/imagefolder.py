@@ -2,7 +2,6 @@
 
 import os
 import time
-import warnings
 from contextlib import closing
 from functools import partial
 
@@ -10,13 +9,12 @@ import numpy as np
 
 from fastdata.converters._output import staged_output
 from fastdata.converters._parallel import ordered_map
-from fastdata.converters.report import ConversionReport
-from fastdata.errors import SampleError, SourceError
+from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.errors import SourceError
 from fastdata.formats import Columns, write_packed
 from fastdata.images import IMAGE_EXTENSIONS, ImageSpec, decode_jpeg, encode_jpeg, load_image
 
 STORAGE_MODES = ("raw", "jpeg")
-ON_ERROR = ("skip", "warn", "raise")
 
 
 def find_images(root):
@@ -114,8 +112,8 @@ def convert_imagefolder(
     started = time.perf_counter()
     height, width = (size, size) if isinstance(size, int) else size
     spec = ImageSpec(height, width, resize=resize, resample=resample)
-    _check_choice("storage", storage, STORAGE_MODES)
-    _check_choice("on_error", on_error, ON_ERROR)
+    check_choice("storage", storage, STORAGE_MODES)
+    check_choice("on_error", on_error, ON_ERROR)
     if not 1 <= quality <= 100:
         raise ValueError(f"quality should be in 1..100, got quality={quality}")
     classes, paths, labels = find_images(root)
@@ -128,7 +126,7 @@ def convert_imagefolder(
         with closing(ordered_map(prepare, sources, workers=workers, progress=progress, unit="img")) as results:
             for index, (payload, sums, reason) in enumerate(results):
                 if payload is None:
-                    _handle_bad_image(paths[index], index, reason, on_error)
+                    handle_bad_input("image", paths[index], index, reason, on_error)
                     skipped.append((paths[index], reason))
                     continue
                 sink.append(payload)
@@ -175,16 +173,6 @@ def _prepare_image(path, spec, storage, quality):
     return payload, (len(wide), wide.sum(0).tolist(), (wide * wide).sum(0).tolist()), None
 
 
-def _handle_bad_image(path, index, reason, on_error):
-    if on_error == "raise":
-        raise SampleError(
-            f"cannot use image {path!r} (input {index}): {reason}; "
-            "pass on_error='skip' (--on-error skip) to leave it out",
-            path=path,
-            index=index,
-        )
-    if on_error == "warn":
-        warnings.warn(f"skipped image {path!r}: {reason}", stacklevel=3)
 
 
 def _check_classes_kept(classes, class_counts, root, skipped):
@@ -197,9 +185,6 @@ def _check_classes_kept(classes, class_counts, root, skipped):
         )
 
 
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name} should be one of {choices}, got {name}={value!r}")
 
 
 class _PixelStats:

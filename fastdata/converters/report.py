@@ -1,7 +1,11 @@
 """What a conversion did: counts, timing and every input it could not use."""
 
+import warnings
 from dataclasses import dataclass, field
 
+from fastdata.errors import SampleError
+
+ON_ERROR = ("skip", "warn", "raise")
 _SHOWN_SKIPS = 5
 
 
@@ -37,3 +41,30 @@ class ConversionReport:
                 f"(all listed by: fastdata info {self.path})"
             )
         return "\n".join(lines)
+
+
+def check_choice(name, value, choices):
+    """Raise ValueError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} should be one of {choices}, got {name}={value!r}")
+
+
+def handle_bad_input(what, name, index, reason, on_error):
+    """Apply the ``on_error`` policy to an unusable input: raise SampleError, warn, or pass.
+
+    Args:
+        what: "image" or "text", for the message.
+        name: the input's path or name.
+        index: its position in the sorted input.
+        reason: why it cannot be used.
+        on_error: "raise", "warn" or "skip".
+    """
+    if on_error == "raise":
+        raise SampleError(
+            f"cannot use {what} {name!r} (input {index}): {reason}; "
+            "pass on_error='skip' (--on-error skip) to leave it out",
+            path=name,
+            index=index,
+        )
+    if on_error == "warn":
+        warnings.warn(f"skipped {what} {name!r}: {reason}", stacklevel=4)

@@ -16,7 +16,6 @@ the result depends only on the input order, never on the number of workers.
 import json
 import os
 import time
-import warnings
 from contextlib import closing
 from functools import partial
 
@@ -32,12 +31,11 @@ from fastdata.converters._textsources import (
     resolve_labels,
     source_format_of,
 )
-from fastdata.converters.report import ConversionReport
-from fastdata.errors import SampleError, SourceError
+from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.errors import SourceError
 from fastdata.formats import Columns, write_packed
 from fastdata.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
 
-ON_ERROR = ("skip", "warn", "raise")
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
 _REMAP_CHUNK = 1 << 24  # provisional ids rewritten this many at a time
 _WRITE_TOKENS = 1 << 20  # ids gathered in memory before one write
@@ -110,7 +108,7 @@ def convert_text(
         >>> convert_text("aclImdb/test", "test.h5", tokenizer="train.h5")
     """
     started = time.perf_counter()
-    _check_choice("on_error", on_error, ON_ERROR)
+    check_choice("on_error", on_error, ON_ERROR)
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
@@ -230,7 +228,7 @@ def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
         for index, name in enumerate(inputs.names):
             result, cut, reason = (None, False, inputs.reasons[index]) if index in inputs.reasons else next(results)
             if reason is not None:
-                _handle_bad_text(name, index, reason, on_error)
+                handle_bad_input("text", name, index, reason, on_error)
                 skipped.append((name, reason))
                 continue
             if build:
@@ -255,16 +253,6 @@ def _provisional_ids(words, distinct, positions):
     return np.array(ids, dtype=np.uint32)[positions]
 
 
-def _handle_bad_text(name, index, reason, on_error):
-    if on_error == "raise":
-        raise SampleError(
-            f"cannot use text {name!r} (input {index}): {reason}; "
-            "pass on_error='skip' (--on-error skip) to leave it out",
-            path=name,
-            index=index,
-        )
-    if on_error == "warn":
-        warnings.warn(f"skipped text {name!r}: {reason}", stacklevel=4)
 
 
 def _rank(words, sink, min_freq, max_vocab):
@@ -332,9 +320,6 @@ def _metadata(inputs, src, columns, classes, tokenizer, truncated, skipped,
     }
 
 
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"{name} should be one of {choices}, got {name}={value!r}")
 
 
 def _chunks(values):
