@@ -16,7 +16,6 @@ exactly like the stored text. Nothing here imports torch (converter workers
 import this module, see NOTE [worker start]).
 """
 
-import importlib
 import json
 import os
 import re
@@ -24,7 +23,8 @@ from collections import Counter
 
 import numpy as np
 
-from fastdata.errors import FormatError, MissingDependencyError
+from fastdata._optional import require
+from fastdata.errors import FormatError
 
 KINDS = ("words", "bytes", "hf")
 PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
@@ -41,14 +41,7 @@ _DEFAULTS = {  # kind -> (lowercase, strip_html) when not given
 
 
 def _import_hf_tokenizers():
-    """Return the Hugging Face ``tokenizers`` module or raise MissingDependencyError."""
-    try:
-        return importlib.import_module("tokenizers")
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "a Hugging Face tokenizer file needs the 'tokenizers' package: "
-            "pip install 'fastdata[tokenizers]'"
-        ) from exc
+    return require("tokenizers", "tokenizers", "a Hugging Face tokenizer file")
 
 
 def smallest_uint(max_value):

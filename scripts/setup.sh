@@ -4,5 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -c constraints.txt -e '.[test,bench]'
+.venv/bin/python -m pip install --quiet -c constraints.txt -e '.[test,bench,jpeg,tokenizers]'

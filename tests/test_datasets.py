@@ -156,6 +156,38 @@ def test_read_batch_of_sorted_indices_and_empty_batch(ds):
     assert ds.__getitems__([]) == []
 
 
+def test_kept_batches_are_never_overwritten(ds):
+    # see NOTE [buffer reuse]: later reads must not write into a batch still held
+    rng = np.random.default_rng(7)
+    kept = [ds.read_batch(np.sort(rng.integers(0, NUM_SAMPLES, 8))) for _ in range(12)]
+    views = [images[1:3] for images, _ in kept[:4]]  # views keep their batch alive too
+    expected = [images.clone() for images, _ in kept]
+    del kept[:4]
+    for _ in range(20):
+        ds.read_batch(np.sort(rng.integers(0, NUM_SAMPLES, 8)))
+    assert all(torch.equal(view, images[1:3]) for view, images in zip(views, expected[:4]))
+    assert all(torch.equal(images, copy) for (images, _), copy in zip(kept, expected[4:]))
+
+
+def test_raw_batch_buffers_are_reused_once_dropped(packed_files):
+    ds = open_dataset(packed_files("hdf5", "raw"))
+    indices = np.arange(8)
+    address = ds.read_batch(indices)[0].data_ptr()  # the batch is dropped at once
+    assert ds.read_batch(indices[::-1])[0].data_ptr() == address
+    held = ds.read_batch(indices)[0]
+    assert ds.read_batch(indices)[0].data_ptr() != held.data_ptr()
+
+
+def test_jpeg_decoders_agree(packed_files, monkeypatch):
+    # simplejpeg (fastdata[jpeg]) and the Pillow fallback give the same pixels.
+    pytest.importorskip("simplejpeg")
+    ds = open_dataset(packed_files("arrow", "jpeg"))
+    fast = ds.read_batch(np.arange(NUM_SAMPLES))[0]
+    monkeypatch.setattr("fastdata.images._simplejpeg", None)
+    assert torch.equal(ds.read_batch(np.arange(NUM_SAMPLES))[0], fast)
+    assert torch.equal(ds[3][0], fast[3])
+
+
 def test_read_batch_rejects_2d_indices(ds):
     with pytest.raises(ValueError, match="1-D"):
         ds.read_batch(np.zeros((2, 2), np.int64))
