@@ -19,11 +19,12 @@ In one run it
 4. prints Markdown tables and PASS/FAIL for each target, and writes every
    number with a machine description to --out (JSON).
 
-NOTE [light main]: fastdata's converter starts its workers with forkserver,
-and each worker re-runs this file's top-level imports as ``__mp_main__``
-(seen on Python 3.11: the server does not preload ``__main__``). So torch is
-imported only where a row needs it: at the top it would add ~1 s to every
-timed conversion, which the "imports torch first" row measures on purpose.
+NOTE [light main]: where the converter cannot fork (this process runs
+other threads), it starts its workers with forkserver, and each worker
+re-runs this file's top-level imports as ``__mp_main__`` (seen on Python
+3.11: the server does not preload ``__main__``). So torch is imported only
+where a row needs it; the "imports torch first" row measures a conversion
+called from a script that imports torch at the top.
 """
 
 import argparse
