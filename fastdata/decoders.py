@@ -79,7 +79,15 @@ class BufferPool:
 
 
 class JpegImageDecoder(_ImageDecoder):
-    """Images stored as JPEG bytes: decoded on a thread pool (the decoder frees the GIL)."""
+    """Images stored as JPEG bytes: decoded on a thread pool (the decoder frees the GIL).
+
+    NOTE [channels last]: JPEG decodes to ``[H, W, C]`` rows. A batch is
+    returned as the ``[B, C, H, W]`` permuted view of those rows, i.e. a
+    tensor in ``torch.channels_last`` memory format: the same values and
+    shape, without a transposing copy that measured ~30% of the decode time
+    at 64x64 (convolutions on GPU prefer this layout; ``.contiguous()`` gives
+    NCHW strides where a model needs them).
+    """
 
     def __init__(self, metadata):
         super().__init__(metadata)
@@ -93,15 +101,12 @@ class JpegImageDecoder(_ImageDecoder):
     def batch(self, columns, indices, pin_memory=False):
         channels, height, width = self.sample_shape
         decoded = self._buffers.take((len(indices), height, width, channels), np.uint8)
-        out = self._buffers.take((len(indices), *self.sample_shape), np.uint8)
         data = memoryview(columns.samples)
         starts, stops = columns.offsets[indices].tolist(), columns.offsets[indices + 1].tolist()
 
         def decode(start, stop):
-            # Decode straight into [H, W, C] rows, then transpose this share once.
             for row in range(start, stop):
                 decode_jpeg(data[starts[row] : stops[row]], decoded[row])
-            out[start:stop] = decoded[start:stop].transpose(0, 3, 1, 2)
 
         threads = 1 if get_worker_info() is not None else default_workers()  # workers own a core each
         edges = np.linspace(0, len(indices), min(threads, max(len(indices), 1)) + 1).astype(int).tolist()
@@ -111,7 +116,7 @@ class JpegImageDecoder(_ImageDecoder):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode")
             list(self._pool.map(decode, edges[:-1], edges[1:]))
-        images = torch.from_numpy(out)
+        images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]
         return (images.pin_memory() if pin_memory else images,)
 
 

@@ -178,6 +178,14 @@ def test_raw_batch_buffers_are_reused_once_dropped(packed_files):
     assert ds.read_batch(indices)[0].data_ptr() != held.data_ptr()
 
 
+def test_jpeg_batches_are_channels_last_views(packed_files):
+    # see NOTE [channels last]: same values as per item, no transposing copy
+    ds = open_dataset(packed_files("hdf5", "jpeg"))
+    images, _ = ds.read_batch(np.arange(4))
+    assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+    assert torch.equal(images.contiguous(), torch.stack([ds[i][0] for i in range(4)]))
+
+
 def test_jpeg_decoders_agree(packed_files, monkeypatch):
     # simplejpeg (fastdata[jpeg]) and the Pillow fallback give the same pixels.
     pytest.importorskip("simplejpeg")
