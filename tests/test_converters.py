@@ -569,3 +569,12 @@ def test_killed_worker_raises_and_leaves_nothing(source_root, tmp_path):
     assert "FastdataError:" in done.stdout and "worker process died" in done.stdout
     assert folder_listing(out_dir) == []
 
+
+
+def test_conversion_leaves_no_thread_running(source_root, tmp_path):
+    # A lingering thread (tqdm's monitor) would stop the next conversion from
+    # forking its workers (see NOTE [worker start]).
+    before = threading.active_count()
+    for index in range(2):
+        convert_imagefolder(source_root, tmp_path / f"out{index}.h5", size=16, workers=2, progress=True)
+    assert threading.active_count() == before

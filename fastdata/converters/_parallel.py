@@ -29,7 +29,7 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
         raise ValueError(f"workers should be a positive integer, got workers={workers}")
     # Start worker processes before the progress bar starts its thread.
     pool = None if workers == 1 or len(items) < 2 else _start_pool(workers)
-    bar = tqdm(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True)
+    bar = _ProgressBar(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True)
     try:
         with bar:
             if pool is None:
@@ -43,6 +43,14 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ProgressBar(tqdm):
+    """tqdm without its monitor thread, which would outlive the bar and make
+    the next conversion in this process start its workers without fork (see
+    NOTE [worker start])."""
+
+    monitor_interval = 0
 
 
 def _start_pool(workers):
