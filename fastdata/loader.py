@@ -12,6 +12,7 @@ asked for with ``num_workers > 0``, and then each worker reads whole batches.
 
 import queue
 import threading
+import time
 
 import torch
 from torch.utils.data import DataLoader
@@ -115,6 +116,7 @@ class BatchLoader:
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.read_options = read_options or {}
+        self._busy_consumer = False  # see NOTE [adaptive read-ahead]
 
     def __len__(self):
         return len(self.sampler)
@@ -123,13 +125,37 @@ class BatchLoader:
         batches = (self.dataset.read_batch(indices, self.pin_memory, **self.read_options) for indices in self.sampler)
         if self.prefetch_factor == 0:
             return batches
-        return _read_ahead(batches, self.prefetch_factor)
+        return self._read_ahead(batches)
+
+    def _read_ahead(self, batches):
+        """Yield from ``batches``, read ahead on a thread once the consumer does real work.
+
+        NOTE [adaptive read-ahead]: handing batches over from a thread costs
+        ~35% of the rate of a loop that does nothing but read (measured 0.85M
+        against 1.3M img/s at 64x64: GIL hand-offs per batch), yet a training
+        step that runs while the thread reads hides the read entirely. So
+        batches are read inline until the loop body between two batches takes
+        longer than _BUSY_CONSUMER_SECONDS; then a thread reads the rest of
+        the epoch, in the same order, and every later epoch from its start.
+        """
+        batches = iter(batches)
+        if not self._busy_consumer:
+            for batch in batches:
+                started = time.perf_counter()
+                yield batch
+                if time.perf_counter() - started > _BUSY_CONSUMER_SECONDS:
+                    self._busy_consumer = True
+                    break
+            else:
+                return
+        yield from _read_on_thread(batches, self.prefetch_factor)
 
 
 _DONE = object()
+_BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
 
 
-def _read_ahead(batches, depth):
+def _read_on_thread(batches, depth):
     """Yield from ``batches`` while a thread produces up to ``depth`` ahead."""
     ready = queue.Queue(maxsize=depth)
     stop = threading.Event()

@@ -3,6 +3,7 @@
 import gc
 import os
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -355,6 +356,52 @@ def test_errors_in_reading_reach_the_training_loop(packed_files):
 def test_stopping_early_stops_the_read_ahead_thread(small):
     iterator = iter(make_loader(small, 2, prefetch_factor=2))
     next(iterator)
+    iterator.close()
+    assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+def busy_loop(iterable, seconds=0.002):
+    """Iterate like a training loop whose step takes ``seconds``; return batches and thread names seen."""
+    batches, names = [], set()
+    for batch in iterable:
+        batches.append(batch)
+        time.sleep(seconds)
+        names |= {t.name for t in threading.enumerate()}
+    return batches, names
+
+
+def test_tight_loop_reads_inline(small):
+    # see NOTE [adaptive read-ahead]
+    names = set()
+    for _ in make_loader(small, 3):
+        names |= {t.name for t in threading.enumerate()}
+    assert "fastdata-read-ahead" not in names
+
+
+def test_busy_loop_hands_reading_to_a_thread_in_order(small):
+    loader = make_loader(small, 3, shuffle=True, seed=5)
+    inline = make_loader(small, 3, shuffle=True, seed=5, prefetch_factor=0)
+    for _ in range(2):  # the second epoch reads ahead from its first batch
+        batches, names = busy_loop(loader)
+        assert "fastdata-read-ahead" in names
+        expected = list(inline)
+        assert len(batches) == len(expected)
+        assert all(torch.equal(a, b) and torch.equal(x, y) for (a, x), (b, y) in zip(batches, expected))
+    assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+def test_errors_on_the_read_ahead_thread_reach_the_training_loop(packed_files):
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        busy_loop(make_loader(FailingDataset(packed_files("hdf5", "raw")), 4))
+    assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+def test_stopping_a_busy_loop_early_stops_the_thread(small):
+    iterator = iter(make_loader(small, 2, prefetch_factor=2))
+    next(iterator)
+    time.sleep(0.002)
+    next(iterator)
+    assert any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
     iterator.close()
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
 
