@@ -14,6 +14,8 @@ _EXPORTS = {
     "FormatError": "fastdata.errors",
     "HDF5Dataset": "fastdata.datasets",
     "MissingDependencyError": "fastdata.errors",
+    "ProfileReport": "fastdata.profiler",
+    "ProfiledLoader": "fastdata.profiler",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
     "Tokenizer": "fastdata.tokenizers",
@@ -21,6 +23,7 @@ _EXPORTS = {
     "convert_text": "fastdata.converters",
     "make_loader": "fastdata.loader",
     "open_dataset": "fastdata.datasets",
+    "profile": "fastdata.profiler",
 }
 __all__ = sorted(_EXPORTS)
 
