@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import torch
 from PIL import Image
 
 NUM_CLASSES = 4
@@ -73,3 +74,42 @@ def expected_images(root, relpaths, spec, storage, quality=90):
             pixels = decode_jpeg(encode_jpeg(pixels, quality))
         images.append(pixels)
     return np.stack(images)
+
+
+# ---------------------------------------------------------------- worker memory probes
+
+MB = 1024  # in kB, the unit of /proc
+
+
+def memory_kb():
+    """This process's (RssAnon, Private_Dirty) in kB, from /proc."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                values["anon"] = int(line.split()[1])
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                values["private"] = int(line.split()[1])
+    return values["anon"], values["private"]
+
+
+class ProbeMixin:
+    """Adds a third batch element ``[pid, RssAnon kB, Private_Dirty kB]`` measured after the read."""
+
+    def read_batch(self, indices, *args, **kwargs):
+        batch = super().read_batch(indices, *args, **kwargs)
+        return (*batch, torch.tensor([os.getpid(), *memory_kb()], dtype=torch.int64))
+
+
+def growth_per_worker(batches):
+    """``{pid: (RssAnon growth, Private_Dirty growth)}`` in kB, first to last probed batch.
+
+    ``batches`` are tuples whose last element is a ProbeMixin probe.
+    """
+    readings = {}
+    for batch in batches:
+        probe = batch[-1]
+        readings.setdefault(int(probe[0]), []).append((int(probe[1]), int(probe[2])))
+    return {pid: (v[-1][0] - v[0][0], v[-1][1] - v[0][1]) for pid, v in readings.items()}

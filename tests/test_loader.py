@@ -14,38 +14,15 @@ from torch.utils.data import DataLoader
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.loader import BatchLoader
 from fastdata.samplers import BatchIndexSampler
-from helpers import FORMATS, NUM_CLASSES, PER_CLASS, write_random_png
+from helpers import FORMATS, MB, NUM_CLASSES, PER_CLASS, ProbeMixin, growth_per_worker, write_random_png
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show
 BIG_SIZE = 32
 BIG_BATCH = 32
-MB = 1024  # in kB, the unit of /proc
 
 
 # ---------------------------------------------------------------- worker-side probes (module level: spawn pickles them)
-
-
-def memory_kb():
-    """This process's (RssAnon, Private_Dirty) in kB, from /proc."""
-    values = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                values["anon"] = int(line.split()[1])
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Private_Dirty:"):
-                values["private"] = int(line.split()[1])
-    return values["anon"], values["private"]
-
-
-class ProbeMixin:
-    """Adds a third batch element ``[pid, RssAnon kB, Private_Dirty kB]`` measured after the read."""
-
-    def read_batch(self, indices, *args, **kwargs):
-        batch = super().read_batch(indices, *args, **kwargs)
-        return (*batch, torch.tensor([os.getpid(), *memory_kb()], dtype=torch.int64))
 
 
 class ProbeHDF5(ProbeMixin, HDF5Dataset):
@@ -228,19 +205,8 @@ def test_persistent_workers_are_the_same_processes_in_both_epochs(worker_run):
     assert os.getpid() not in pids[0]
 
 
-def growth_per_worker(epochs):
-    """``{pid: (RssAnon growth, Private_Dirty growth)}`` in kB, first batch to last."""
-    readings = {}
-    for epoch in epochs:
-        for _, _, probe in epoch:
-            readings.setdefault(int(probe[0]), []).append((int(probe[1]), int(probe[2])))
-    return {
-        pid: (values[-1][0] - values[0][0], values[-1][1] - values[0][1]) for pid, values in readings.items()
-    }
-
-
 def test_worker_memory_stays_flat(worker_run):
-    growth = growth_per_worker(worker_run["epochs"])
+    growth = growth_per_worker([batch for epoch in worker_run["epochs"] for batch in epoch])
     assert len(growth) == 2
     for pid, (anon, private) in growth.items():
         assert anon < 8 * MB, f"worker {pid}: RssAnon grew by {anon} kB over two epochs"
@@ -253,7 +219,7 @@ def test_memory_probe_sees_a_growing_worker(big_files, start_method):
     loader = make_loader(
         CachingProbe(big_files("hdf5", "raw")), BIG_BATCH, num_workers=2, multiprocessing_context=start_method
     )
-    growth = growth_per_worker(run_epochs(loader, epochs=1))
+    growth = growth_per_worker(run_epochs(loader, epochs=1)[0])
     shutdown(loader)
     assert len(growth) == 2
     for anon, _ in growth.values():
@@ -266,7 +232,7 @@ def test_memory_probe_sees_copy_on_write_in_forked_workers(big_files):
     loader = make_loader(
         CopyOnWriteProbe(big_files("hdf5", "raw")), BIG_BATCH, num_workers=2, multiprocessing_context="fork"
     )
-    growth = growth_per_worker(run_epochs(loader, epochs=1))
+    growth = growth_per_worker(run_epochs(loader, epochs=1)[0])
     shutdown(loader)
     assert len(growth) == 2
     for _, private in growth.values():

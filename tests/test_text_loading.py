@@ -1,6 +1,7 @@
 """Text datasets and loaders: items, padded batches, workers under each start method, bucketing."""
 
 import multiprocessing
+import os
 import pickle
 
 import numpy as np
@@ -9,8 +10,10 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
-from fastdata import BucketBatchSampler, make_loader, open_dataset
+from fastdata import BucketBatchSampler, HDF5Dataset, convert_text, make_loader, open_dataset
 from fastdata.samplers import BatchIndexSampler
+from fastdata.synthetic import make_text_corpus
+from helpers import MB, ProbeMixin, growth_per_worker
 from text_fixtures import packed_text, stored_sequences, text_corpus, text_fmt  # noqa: F401 (fixtures)
 
 START_METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
@@ -188,3 +191,21 @@ def test_bucketing_checks_its_arguments():
         BucketBatchSampler(LENGTHS, 0)
     with pytest.raises(ValueError, match="pool_batches"):
         BucketBatchSampler(LENGTHS, 4, pool_batches=0)
+
+
+class ProbeText(ProbeMixin, HDF5Dataset):
+    """Text dataset whose batches end with the worker's memory reading (module level for spawn)."""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_text_worker_memory_stays_flat(tmp_path, start_method):
+    corpus = make_text_corpus(tmp_path / "corpus", per_class=1500)
+    path = tmp_path / "reviews.h5"
+    convert_text(os.path.join(corpus, "train"), path, workers=1, progress=False)
+    loader = make_loader(ProbeText(path), 32, shuffle=True, num_workers=2, multiprocessing_context=start_method)
+    batches = [batch for _ in range(2) for batch in loader]
+    assert sum(len(batch[2]) for batch in batches) == 2 * 3000
+    growth = growth_per_worker(batches)
+    assert len(growth) == 2
+    for pid, (anon, private) in growth.items():
+        assert anon < 8 * MB and private < 8 * MB, f"worker {pid} grew by {anon} kB anon, {private} kB private"
