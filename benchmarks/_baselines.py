@@ -7,34 +7,11 @@ import multiprocessing
 from functools import partial
 
 import numpy as np
-from PIL import Image
 
+from fastdata.baselines import load_resized
 from fastdata.images import decode_jpeg
 
 _BLOBS = None  # JPEG bytes held by each decode-pool worker
-
-
-def load_resized(path, size):
-    """Decode ``path`` fully (no draft) and resize as ``Resize(size)`` + ``CenterCrop(size)``.
-
-    Follows torchvision's PIL path: the shorter side becomes ``size`` (the
-    longer one ``int(size * long / short)``), bilinear, then a centered crop
-    with ``round((side - size) / 2)`` offsets.
-
-    Returns:
-        uint8 ``[size, size, 3]``.
-    """
-    with Image.open(path) as img:
-        img = img.convert("RGB")
-    width, height = img.size
-    if width <= height:
-        new_size = (size, int(size * height / width))
-    else:
-        new_size = (int(size * width / height), size)
-    img = img.resize(new_size, Image.Resampling.BILINEAR)
-    left = int(round((new_size[0] - size) / 2.0))
-    top = int(round((new_size[1] - size) / 2.0))
-    return np.array(img.crop((left, top, left + size, top + size)))  # writable, as PILToTensor's copy
 
 
 def pool_decode(paths, size, workers):

@@ -1,32 +1,15 @@
-"""The usual PyTorch datasets that fastdata is compared against (imports torch)."""
+"""The usual PyTorch datasets that fastdata is compared against (imports torch).
+
+``RawFolderDataset`` lives in ``fastdata.bench`` (`fastdata bench` compares
+a user's folder with it) and is re-exported here.
+"""
 
 import h5py
-import numpy as np
-import torch
 from torch.utils.data import Dataset
 
-from _baselines import load_resized
+from fastdata.baselines import RawFolderDataset
 
-
-class RawFolderDataset(Dataset):
-    """Decode one image file per item with Pillow: the common ImageFolder-style baseline.
-
-    Paths are a numpy array rather than a list, so DataLoader workers do not
-    copy pages by touching refcounts. Items are ``(image uint8 [3, H, W], label int)``;
-    the image is a permuted view, as torchvision's ``PILToTensor`` returns.
-    """
-
-    def __init__(self, paths, labels, size):
-        self.paths = np.asarray(paths)
-        self.labels = np.asarray(labels, dtype=np.int64)
-        self.size = size
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, index):
-        pixels = load_resized(str(self.paths[index]), self.size)
-        return torch.from_numpy(pixels).permute(2, 0, 1), int(self.labels[index])
+__all__ = ["RawFolderDataset", "TutorialH5Dataset"]
 
 
 class TutorialH5Dataset(Dataset):

@@ -19,11 +19,14 @@ _EXPORTS = {
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
     "Tokenizer": "fastdata.tokenizers",
+    "benchmark": "fastdata.compare",
     "convert_imagefolder": "fastdata.converters",
     "convert_text": "fastdata.converters",
     "make_loader": "fastdata.loader",
+    "measure_loader": "fastdata.bench",
     "open_dataset": "fastdata.datasets",
     "profile": "fastdata.profiler",
+    "tune_loader": "fastdata.tune",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,6 +1,8 @@
-"""Command line: `fastdata convert | info` (thin wrappers over the library)."""
+"""Command line: `fastdata convert | info | bench | tune` (thin wrappers over the library)."""
 
 import functools
+import os
+import re
 import signal
 import sys
 import traceback
@@ -125,6 +127,113 @@ def info(path):
     from fastdata.info import describe
 
     click.echo(describe(path))
+
+
+@main.command("bench")
+@click.argument("target", type=click.Path(exists=True))
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Samples per batch.")
+@click.option("--workers", default="0,2", show_default=True,
+              help="Worker processes to measure, comma-separated; 0 is make_loader's in-process default.")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Timed passes per row, after one warm-up epoch [default: 3; --quick: 1].")
+@click.option("--seconds", type=click.FloatRange(min=0), default=None,
+              help="Shortest timed pass in seconds; shorter epochs are repeated [default: 0.25; --quick: 0.05].")
+@click.option("--size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Image folder: side in pixels of the packed images (the raw rows resize to it too).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Also write every number and the machine description to this JSON file.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the rates into this PNG file (needs fastdata[plot]).")
+@click.option("--quick", is_flag=True, help="One short timed pass per row: a rough look.")
+@click.option("--overwrite", is_flag=True, help="Replace the --json and --plot files if they exist.")
+@click.option("--quiet", is_flag=True, help="No progress lines.")
+@_reports_errors
+def bench_command(target, batch_size, workers, repeats, seconds, size, json_out, plot_out, quick, overwrite, quiet):
+    """Measure loading TARGET: a packed .h5/.arrow file, or an image or text folder.
+
+    A folder is converted to temporary .h5 and .arrow files, and reading its
+    raw files is compared with reading those.
+    """
+    from fastdata._optional import require
+    from fastdata.bench import write_json
+    from fastdata.compare import benchmark, format_results, plot_results
+
+    for out in (json_out, plot_out):
+        _check_new(out, overwrite)
+    if plot_out:
+        require("matplotlib", "plot", "fastdata bench --plot")
+    results = benchmark(
+        target, batch_size=batch_size, workers=_parse_counts("--workers", workers), size=size, progress=not quiet,
+        repeats=repeats or (1 if quick else 3), min_seconds=(0.05 if quick else 0.25) if seconds is None else seconds,
+    )
+    click.echo(format_results(results))
+    if json_out:
+        click.echo(f"wrote {write_json(results, json_out)}")
+    if plot_out:
+        click.echo(f"wrote {plot_results(results, plot_out)}")
+
+
+@main.command("tune")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--budget", default="60s", show_default=True,
+              help="Time to spend measuring: seconds (60, 60s) or minutes (2m).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
+              help="Where to save the result [default: PATH.tune.json beside PATH, where "
+                   "make_loader(num_workers='auto') finds it].")
+@click.option("--max-workers", type=click.IntRange(min=0), default=None,
+              help="Most worker processes to try [default: 2 x usable CPUs].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Keep this batch size and tune the other settings [default: search 64 to 1024].")
+@click.option("--overwrite", is_flag=True, help="Replace the JSON file if it exists.")
+@_reports_errors
+def tune_command(path, budget, json_out, max_workers, batch_size, overwrite):
+    """Search make_loader settings for the packed file PATH on this machine, within a time budget.
+
+    Prints each measured setting and the recommended make_loader call, and
+    saves them as JSON; make_loader(dataset, num_workers="auto") then uses the
+    tuned num_workers and prefetch_factor.
+    """
+    from fastdata.tune import format_trial, tune_json_path, tune_loader, write_tune_json
+
+    out = json_out or tune_json_path(path)
+    _check_new(out, overwrite)
+    result = tune_loader(path, budget=_parse_duration("--budget", budget), max_workers=max_workers,
+                         batch_size=batch_size, on_trial=lambda trial: click.echo(format_trial(trial)))
+    click.echo(str(result))
+    click.echo(f"wrote {write_tune_json(result, out)}")
+
+
+def _check_new(path, overwrite):
+    """Fail before any work if output ``path`` exists (without ``overwrite``) or its folder does not."""
+    if path is None:
+        return
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path!r} already exists; pass --overwrite to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"output folder {folder!r} does not exist")
+
+
+def _parse_counts(name, text):
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0:
+        raise ValueError(f"{name} should be non-negative integers separated by commas, e.g. 0,2; got {text!r}")
+    return counts
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(s|sec|m|min|h)?\s*", re.IGNORECASE)
+_SECONDS_PER = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def _parse_duration(name, text):
+    match = _DURATION.fullmatch(text)
+    seconds = float(match[1]) * _SECONDS_PER[match[2] and match[2].lower()] if match else 0
+    if not seconds > 0:
+        raise ValueError(f"{name} should be a positive duration: seconds (60, 60s) or minutes (2m), got {text!r}")
+    return seconds
 
 
 def _parse_size(text):

@@ -8,6 +8,15 @@ So raw batches are read in the main process by a background thread that
 overlaps reading with the training step, and JPEG batches are decoded by a
 thread pool (Pillow releases the GIL). Worker processes are used only when
 asked for with ``num_workers > 0``, and then each worker reads whole batches.
+
+NOTE [auto workers]: ``num_workers="auto"`` takes num_workers and
+prefetch_factor (unless prefetch_factor is given) from what `fastdata tune
+FILE` saved beside the file, ``FILE.tune.json``. It never changes
+batch_size, which changes training itself, not only its speed: tune prints
+a full call to copy instead. The saved file records the tuned file's size
+and modification time; where they differ (another file, re-converted or
+copied) it is ignored with a warning. With no saved file, 0 workers (see
+NOTE [in-process default]).
 """
 
 import queue
@@ -30,7 +39,7 @@ def make_loader(
     drop_last=False,
     num_workers=0,
     pin_memory=None,
-    prefetch_factor=2,
+    prefetch_factor=None,
     persistent_workers=True,
     multiprocessing_context=None,
     pad_to=None,
@@ -49,10 +58,13 @@ def make_loader(
         drop_last: leave out a last, smaller batch.
         num_workers: 0 reads in this process with a background thread (the
             fastest for packed files, see NOTE [in-process default]); more
-            starts a torch DataLoader whose workers each read whole batches.
+            starts a torch DataLoader whose workers each read whole batches;
+            "auto": as `fastdata tune` recommended for the dataset's file, or
+            0 where it was not tuned (see NOTE [auto workers]).
         pin_memory: page-locked batches for fast GPU copies; default: only
             where CUDA is available.
-        prefetch_factor: batches read ahead (per worker with workers).
+        prefetch_factor: batches read ahead (per worker with workers);
+            default 2, or the tuned value with ``num_workers="auto"``.
         persistent_workers: keep worker processes between epochs.
         multiprocessing_context: start method for workers ("fork", "spawn", ...).
         pad_to: text only: pad (and cut) every batch to this many tokens;
@@ -68,8 +80,11 @@ def make_loader(
         >>> loader = make_loader(HDF5Dataset("train.h5"), batch_size=256, shuffle=True)
         >>> for images, labels in loader: ...
     """
+    if isinstance(num_workers, str) and num_workers == "auto":
+        num_workers, prefetch_factor = _tuned_settings(dataset, prefetch_factor)
+    prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
     if not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers should be a non-negative integer, got num_workers={num_workers!r}")
+        raise ValueError(f"num_workers should be a non-negative integer or 'auto', got num_workers={num_workers!r}")
     if not isinstance(prefetch_factor, int) or prefetch_factor < 0:
         raise ValueError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
     if not hasattr(dataset, "read_batch"):
@@ -222,6 +237,17 @@ class _WholeBatches:
 
 def _as_is(batch):
     return batch
+
+
+def _tuned_settings(dataset, prefetch_factor):
+    """Return ``(num_workers, prefetch_factor)`` for ``num_workers="auto"`` (see NOTE [auto workers])."""
+    from fastdata.tune import read_recommendation  # on use only: tune pulls in the benchmark engine
+
+    path = getattr(dataset, "path", None)
+    tuned = read_recommendation(path) if path is not None else None
+    if tuned is None:
+        return 0, prefetch_factor
+    return tuned["num_workers"], tuned["prefetch_factor"] if prefetch_factor is None else prefetch_factor
 
 
 def _read_options(dataset, pad_to):

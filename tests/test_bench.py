@@ -1,0 +1,246 @@
+"""fastdata.bench, .baselines, .compare and `fastdata bench`: the measuring engine, baselines and results; never speed itself."""
+
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from fastdata import convert_imagefolder, convert_text, make_loader, open_dataset
+from fastdata.baselines import PadCollate, RawFolderDataset, RawTextDataset
+from fastdata.bench import consume, measure_loader, measure_rate, memory_growth, process_memory
+from fastdata.compare import bench_file, format_results, results_table
+from fastdata.cli import main
+from fastdata.converters import find_images, find_texts
+from fastdata.synthetic import make_imagefolder, make_text_corpus
+from fastdata.tokenizers import Tokenizer
+
+QUICK = {"repeats": 1, "min_seconds": 0.01}
+
+
+@pytest.fixture(autouse=True)
+def restore_sigterm():
+    # `fastdata` installs a SIGTERM handler for its own process; keep pytest's.
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """A 2 x 6 image folder of 80x60 JPEGs and its raw .h5 and jpeg .arrow files (read-only)."""
+    folder = tmp_path_factory.mktemp("bench-images")
+    root = make_imagefolder(folder / "photos", 2, 6, size=(80, 60))
+    files = {}
+    for storage, ext in (("raw", ".h5"), ("jpeg", ".arrow")):
+        files[storage] = folder / f"photos-{storage}{ext}"
+        convert_imagefolder(root, files[storage], size=16, storage=storage, workers=1, progress=False)
+    return root, files
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    """A 2 x 6 review folder and its .h5 file (read-only)."""
+    folder = tmp_path_factory.mktemp("bench-texts")
+    root = os.path.join(make_text_corpus(folder / "reviews", per_class=6), "train")
+    path = folder / "reviews.h5"
+    convert_text(root, path, workers=1, progress=False)
+    return root, path
+
+
+def run(*args):
+    return CliRunner().invoke(main, [os.fspath(a) for a in args], catch_exceptions=False)
+
+
+def one_error_line(result):
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1, result.output
+    assert lines[-1].startswith("Error: ") and "Traceback" not in result.output, result.output
+    return lines[-1]
+
+
+# ---------------------------------------------------------------- measuring
+
+
+class Epochs:
+    """An iterable of ``(tensor [B, 2], labels)`` batches; the epoch sizes come from a list."""
+
+    def __init__(self, sizes):
+        self.sizes, self.epochs = list(sizes), 0
+
+    def __iter__(self):
+        size = self.sizes[min(self.epochs, len(self.sizes) - 1)]
+        self.epochs += 1
+        for start in range(0, size, 4):
+            count = min(4, size - start)
+            yield torch.zeros(count, 2), torch.zeros(count, dtype=torch.int64)
+
+
+def test_measure_loader_counts_whole_epochs():
+    loader = Epochs([10])
+    rate = measure_loader(lambda: loader, repeats=2, min_seconds=0.001, expected=10)
+    assert rate.samples_per_pass == 10 * rate.epochs_per_pass
+    assert len(rate.pass_rates) == 2 and rate.samples_per_s == np.median(rate.pass_rates)
+    assert loader.epochs == 1 + (rate.warmup_seconds < 0.001) + 2 * rate.epochs_per_pass
+    json.dumps(rate.to_dict())
+
+
+def test_measure_loader_fails_on_a_changing_epoch():
+    with pytest.raises(RuntimeError, match="consumed 9 samples, expected 10"):
+        measure_loader(lambda: Epochs([10, 9]), repeats=1, min_seconds=0)
+
+
+def test_measure_loader_fails_on_the_wrong_epoch_size():
+    with pytest.raises(RuntimeError, match="expected 12"):
+        measure_loader(lambda: Epochs([10]), repeats=1, min_seconds=0, expected=12)
+
+
+def test_measure_rate_stops_passes_after_max_seconds():
+    rate = measure_rate(lambda: 5, repeats=50, min_seconds=0.001, max_seconds=0)
+    assert len(rate.pass_rates) == 1
+
+
+@pytest.mark.parametrize("batch", [(torch.ones(3, 2), torch.ones(3)), [torch.ones(3, 2)], torch.ones(3, 2)])
+def test_consume_counts_the_first_tensor(batch):
+    assert consume([batch, batch]) == 6
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_process_memory_of_this_process():
+    memory = process_memory(os.getpid())
+    assert memory["uss"] > 0 and memory["rss"] >= memory["uss"]
+
+
+def test_memory_growth_subtracts_per_worker():
+    before = [{"pid": 1, "uss": 10, "pss": 20, "rss": 30, "private_dirty": 5}]
+    after = [{"pid": 1, "uss": 14, "pss": 26, "rss": 30, "private_dirty": 7}]
+    growth = memory_growth(before, after)
+    assert growth["workers"][0]["uss_growth"] == 4 and growth["workers"][0]["private_dirty_growth"] == 2
+    assert growth["mean_pss"] == 26 and growth["mean_pss_growth"] == 6
+    assert memory_growth([], [])["mean_uss"] is None
+
+
+def test_worker_memory_is_recorded_and_workers_stop(images):
+    dataset = open_dataset(images[1]["raw"])
+    made = []
+
+    def build():
+        made.append(make_loader(dataset, 4, num_workers=1, multiprocessing_context="fork"))
+        return made[-1]
+
+    rate = measure_loader(build, memory=True, expected=len(dataset), **QUICK)
+    (worker,) = rate.worker_memory["workers"]
+    assert worker["uss"] > 0 and "uss_growth" in worker
+    assert made[0]._iterator is None  # persistent workers were shut down
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def test_raw_folder_dataset_items(images):
+    root, _ = images
+    _, paths, labels = find_images(root)
+    dataset = RawFolderDataset([os.path.join(root, p) for p in paths], labels, 16)
+    image, label = dataset[7]
+    assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and label == labels[7]
+
+
+def test_raw_text_dataset_reads_what_the_packed_file_holds(texts):
+    root, path = texts
+    _, paths, labels = find_texts(root)
+    raw = RawTextDataset([os.path.join(root, p) for p in paths], labels, Tokenizer.from_file(path))
+    packed = open_dataset(path)
+    for index in (0, 5, 11):
+        assert torch.equal(raw[index][0], packed[index][0]) and raw[index][1] == packed[index][1]
+
+
+def test_pad_collate():
+    ids, lengths, labels = PadCollate(0)([(torch.tensor([5, 6, 7]), 1), (torch.tensor([8]), 0)])
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0]] and lengths.tolist() == [3, 1] and labels.tolist() == [1, 0]
+
+
+# ---------------------------------------------------------------- bench_file
+
+
+@pytest.mark.parametrize("storage, limit", [("raw", "copy_limit"), ("jpeg", "decode_limit")])
+def test_bench_file_rows(images, storage, limit):
+    path = images[1][storage]
+    results = bench_file(path, batch_size=4, workers=(0, 1), **QUICK)
+    fmt = "hdf5" if storage == "raw" else "arrow"
+    keys = [row["key"] for row in results["rows"]]
+    assert keys == [f"{fmt}-{storage}", f"{fmt}-{storage}_workers1", "per_item", limit]
+    assert all(row["samples_per_s"] > 0 for row in results["rows"])
+    assert results["reference"] == "per_item" and results["limit"] == limit
+    assert results["rows"][-1]["fraction_of_limit"] == 1.0
+    assert results["rows"][1]["worker_memory"]["workers"]
+    assert json.loads(json.dumps(results))["num_samples"] == 12
+    table = results_table(results)
+    assert table.startswith("| method") and len(table.splitlines()) == 2 + len(keys)
+    assert "= LIMIT" in format_results(results)
+
+
+def test_bench_file_on_text_has_no_limit_row(texts):
+    results = bench_file(texts[1], batch_size=4, workers=(0,), **QUICK)
+    assert [row["key"] for row in results["rows"]] == ["hdf5-tokens", "per_item"]
+    assert results["limit"] is None and results["kind"] == "text"
+
+
+# ---------------------------------------------------------------- fastdata bench
+
+
+def test_cli_bench_image_folder_writes_json_and_plot(images, tmp_path):
+    pytest.importorskip("matplotlib")
+    root, _ = images
+    out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run("bench", root, "--quick", "--workers", "0,1", "--batch-size", "4", "--size", "16",
+                 "--json", out, "--plot", plot, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "| method" in result.output and f"wrote {out}" in result.output
+    results = json.loads(out.read_text())
+    keys = [row["key"] for row in results["rows"]]
+    assert keys[:2] == ["raw_folder", "raw_folder_workers1"] and "arrow-raw" in keys and "copy_limit" in keys
+    assert results["source"] == "folder" and results["reference"] == "raw_folder" and len(results["files"]) == 2
+    assert not any(os.path.exists(entry["path"]) for entry in results["files"])  # temporary files are gone
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_bench_text_folder(texts):
+    result = run("bench", texts[0], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "read + tokenize each .txt" in result.output and "Arrow tokens" in result.output
+
+
+def test_cli_bench_packed_file(images):
+    result = run("bench", images[1]["raw"], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "per-item DataLoader" in result.output and "memcpy limit" in result.output
+
+
+def test_cli_bench_refuses_to_overwrite_before_measuring(images, tmp_path):
+    out = tmp_path / "bench.json"
+    out.write_text("{}")
+    line = one_error_line(run("bench", images[1]["raw"], "--quick", "--json", out))
+    assert "already exists" in line and "--overwrite" in line
+    assert out.read_text() == "{}"
+
+
+@pytest.mark.parametrize("workers", ["0,two", "-1", ""])
+def test_cli_bench_rejects_bad_workers(images, workers):
+    assert "--workers should be" in one_error_line(run("bench", images[1]["raw"], "--workers", workers))
+
+
+def test_cli_bench_rejects_other_folders(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    assert "neither an image folder" in one_error_line(run("bench", tmp_path / "empty", "--quick"))
+
+
+def test_cli_bench_plot_without_matplotlib(images, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    line = one_error_line(run("bench", images[1]["raw"], "--quick", "--plot", tmp_path / "p.png"))
+    assert "pip install 'fastdata[plot]'" in line
