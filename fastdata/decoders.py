@@ -98,7 +98,8 @@ class JpegImageDecoder(_ImageDecoder):
         data = columns.samples[columns.offsets[index] : columns.offsets[index + 1]]
         return torch.from_numpy(np.ascontiguousarray(decode_jpeg(data).transpose(2, 0, 1)))
 
-    def batch(self, columns, indices, pin_memory=False):
+    def batch(self, columns, indices, pin_memory=False, threads=None):
+        """Decode a batch on ``threads`` threads (default: all cores; 1 in a DataLoader worker)."""
         channels, height, width = self.sample_shape
         decoded = self._buffers.take((len(indices), height, width, channels), np.uint8)
         data = memoryview(columns.samples)
@@ -108,7 +109,8 @@ class JpegImageDecoder(_ImageDecoder):
             for row in range(start, stop):
                 decode_jpeg(data[starts[row] : stops[row]], decoded[row])
 
-        threads = 1 if get_worker_info() is not None else default_workers()  # workers own a core each
+        if threads is None:
+            threads = 1 if get_worker_info() is not None else default_workers()  # workers own a core each
         edges = np.linspace(0, len(indices), min(threads, max(len(indices), 1)) + 1).astype(int).tolist()
         if len(edges) <= 2:
             decode(0, len(indices))

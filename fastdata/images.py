@@ -72,8 +72,8 @@ def load_image(path, spec):
             longest = max(spec.height, spec.width)
             img.draft(None, (longest, longest))
             img.load()
-            upright = ImageOps.exif_transpose(img)
-            return np.asarray(resize(to_rgb(upright, spec.background), spec))
+            ImageOps.exif_transpose(img, in_place=True)  # no copy where there is no rotation
+            return np.asarray(resize(to_rgb(img, spec.background), spec))
 
 
 def to_rgb(img, background=(255, 255, 255)):

@@ -19,6 +19,7 @@ copied) it is ignored with a warning. With no saved file, 0 workers (see
 NOTE [in-process default]).
 """
 
+import itertools
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
+from fastdata.converters._parallel import default_workers
 from fastdata.samplers import BatchIndexSampler
 from fastdata.transport import SharedSlots, SlotBatch
 
@@ -132,15 +134,30 @@ class BatchLoader:
         self.prefetch_factor = prefetch_factor
         self.read_options = read_options or {}
         self._busy_consumer = False  # see NOTE [adaptive read-ahead]
+        self._next_epoch = None  # see NOTE [next epoch's first batch]
 
     def __len__(self):
         return len(self.sampler)
 
     def __iter__(self):
-        batches = (self.dataset.read_batch(indices, self.pin_memory, **self.read_options) for indices in self.sampler)
+        first, indices = self._take_next_epoch()
+        batches = self._read(indices)
+        if first is not None:
+            batches = itertools.chain([first], batches)
         if self.prefetch_factor == 0:
             return batches
         return self._read_ahead(batches)
+
+    def _read(self, indices):
+        for batch_indices in indices:
+            yield self.dataset.read_batch(batch_indices, self.pin_memory, **self._options())
+
+    def _options(self):
+        if self._busy_consumer and getattr(self.dataset, "storage", None) == "jpeg":
+            # NOTE [leave a core]: decoding on every core starves the training
+            # loop itself of CPU (and of the GIL); keep one core for it.
+            return {**self.read_options, "threads": max(1, default_workers() - 1)}
+        return self.read_options
 
     def _read_ahead(self, batches):
         """Yield from ``batches``, read ahead on a thread once the consumer does real work.
@@ -163,15 +180,49 @@ class BatchLoader:
                     break
             else:
                 return
-        yield from _read_on_thread(batches, self.prefetch_factor)
+        yield from _read_on_thread(batches, self.prefetch_factor, at_end=self._read_next_epoch_start)
+
+    def _read_next_epoch_start(self):
+        """On the read-ahead thread, after the last batch: read the next epoch's first batch.
+
+        NOTE [next epoch's first batch]: the first batch of an epoch cannot be
+        read ahead within that epoch, so a busy loop would wait for it every
+        epoch (~3% of an 8-batch epoch of 5 ms steps). It is read while the
+        loop works on the previous epoch's last batches instead, from the
+        sampler's next epoch. If the sampler's epoch is then changed to
+        another one (``set_epoch``), it is dropped and the epoch read anew.
+        """
+        epoch = getattr(self.sampler, "epoch", None)
+        if epoch is None:
+            return
+        indices = iter(self.sampler)
+        try:
+            first = self.dataset.read_batch(next(indices), self.pin_memory, **self._options())
+        except Exception:  # StopIteration or a read error: the next epoch reads (and raises) as usual
+            self.sampler.epoch = epoch
+            return
+        self._next_epoch = (epoch, first, indices)
+
+    def _take_next_epoch(self):
+        """Return ``(first batch or None, the epoch's remaining batch indices)``."""
+        if self._next_epoch is not None:
+            epoch, first, indices = self._next_epoch
+            self._next_epoch = None
+            if self.sampler.epoch in (epoch, epoch + 1):  # untouched, or set_epoch to the same epoch
+                self.sampler.epoch = epoch + 1
+                return first, indices
+        return None, iter(self.sampler)
 
 
 _DONE = object()
 _BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
 
 
-def _read_on_thread(batches, depth):
-    """Yield from ``batches`` while a thread produces up to ``depth`` ahead."""
+def _read_on_thread(batches, depth, at_end=None):
+    """Yield from ``batches`` while a thread produces up to ``depth`` ahead.
+
+    ``at_end`` runs on the thread once ``batches`` is exhausted, before the end is signalled.
+    """
     ready = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -189,6 +240,8 @@ def _read_on_thread(batches, depth):
             for batch in batches:
                 if not offer((batch, None)):
                     return
+            if at_end is not None:
+                at_end()
             offer((_DONE, None))
         except BaseException as exc:  # handed to the consumer, raised there
             offer((_DONE, exc))

@@ -186,6 +186,13 @@ def test_jpeg_batches_are_channels_last_views(packed_files):
     assert torch.equal(images.contiguous(), torch.stack([ds[i][0] for i in range(4)]))
 
 
+def test_jpeg_decode_threads_give_the_same_batch(packed_files):
+    ds = open_dataset(packed_files("arrow", "jpeg"))
+    indices = np.arange(NUM_SAMPLES)
+    batches = [ds.read_batch(indices, threads=threads)[0] for threads in (1, 3)]
+    assert torch.equal(batches[0], batches[1]) and torch.equal(batches[0], ds.read_batch(indices)[0])
+
+
 def test_jpeg_decoders_agree(packed_files, monkeypatch):
     # simplejpeg (fastdata[jpeg]) and the Pillow fallback give the same pixels.
     pytest.importorskip("simplejpeg")
