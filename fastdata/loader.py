@@ -19,7 +19,6 @@ copied) it is ignored with a warning. With no saved file, 0 workers (see
 NOTE [in-process default]).
 """
 
-import itertools
 import queue
 import threading
 import time
@@ -141,12 +140,9 @@ class BatchLoader:
 
     def __iter__(self):
         first, indices = self._take_next_epoch()
-        batches = self._read(indices)
-        if first is not None:
-            batches = itertools.chain([first], batches)
         if self.prefetch_factor == 0:
-            return batches
-        return self._read_ahead(batches)
+            return self._read(indices)
+        return self._read_ahead(self._read(indices), first)
 
     def _read(self, indices):
         for batch_indices in indices:
@@ -159,7 +155,7 @@ class BatchLoader:
             return {**self.read_options, "threads": max(1, default_workers() - 1)}
         return self.read_options
 
-    def _read_ahead(self, batches):
+    def _read_ahead(self, batches, first=None):
         """Yield from ``batches``, read ahead on a thread once the consumer does real work.
 
         NOTE [adaptive read-ahead]: handing batches over from a thread costs
@@ -170,6 +166,9 @@ class BatchLoader:
         longer than _BUSY_CONSUMER_SECONDS; then a thread reads the rest of
         the epoch, in the same order, and every later epoch from its start.
         """
+        if first is not None:  # read early: the consumer was busy (see NOTE [next epoch's first batch])
+            yield from _read_on_thread(batches, self.prefetch_factor, self._read_next_epoch_start, first)
+            return
         batches = iter(batches)
         if not self._busy_consumer:
             for batch in batches:
@@ -218,8 +217,8 @@ _DONE = object()
 _BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
 
 
-def _read_on_thread(batches, depth, at_end=None):
-    """Yield from ``batches`` while a thread produces up to ``depth`` ahead.
+def _read_on_thread(batches, depth, at_end=None, first=None):
+    """Yield ``first`` (if given), then ``batches`` produced up to ``depth`` ahead by a thread.
 
     ``at_end`` runs on the thread once ``batches`` is exhausted, before the end is signalled.
     """
@@ -249,6 +248,8 @@ def _read_on_thread(batches, depth, at_end=None):
     thread = threading.Thread(target=produce, name="fastdata-read-ahead", daemon=True)
     thread.start()
     try:
+        if first is not None:
+            yield first
         while True:
             batch, error = ready.get()
             if batch is _DONE:
