@@ -5,6 +5,9 @@ Run from the repository root:
     python benchmarks/images.py            # 2,000 images; ~70 s on 2 cores (+20 s to make the images once)
     python benchmarks/images.py --quick    # 200 images, 1 pass; a smoke test under a minute
 
+benchmarks/run.py runs this at output sizes 64 and 224 (through ``run``)
+together with the text, memory, sweep, other-tool and cold-cache sections.
+
 In one run it
 1. writes a synthetic ImageFolder of photo-like 500x375 JPEGs into
    --workdir (reused by later runs with the same parameters);
@@ -14,8 +17,10 @@ In one run it
    torch first);
 3. measures loading throughput in samples/s (median of --repeats timed
    passes after one warm-up epoch, each row in a fresh process) for a
-   raw-folder Dataset, a tutorial h5py Dataset, fastdata's make_loader with
-   defaults and with workers, a memory copy limit and a JPEG decode limit;
+   raw-folder Dataset (paths in a numpy array, and in a Python list), a
+   tutorial h5py Dataset, fastdata's make_loader with defaults and with
+   workers, a memory copy limit and a JPEG decode limit, with the memory of
+   each worker process at the end (see NOTE [worker memory] in _system.py);
 4. prints Markdown tables and PASS/FAIL for each target, and writes every
    number with a machine description to --out (JSON).
 
@@ -46,6 +51,7 @@ from fastdata import convert_imagefolder
 from fastdata.synthetic import make_imagefolder
 
 import _baselines
+from _system import WorkerMemoryProbe
 from _timing import busy_percent, machine_info, markdown_table, measure_rate, run_isolated, wait_until_quiet
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,6 +248,9 @@ def row_specs(workers):
     specs = [
         ("folder", folder, "0", "folder", {"num_workers": 0}),
         ("folder_workers", folder, f"{workers} (persistent)", "folder", {"num_workers": workers}),
+        # (b) the same with a Python list of paths: workers touch each path's refcount.
+        ("folder_list_workers", folder.replace("Dataset:", "Dataset, Python list of paths:"),
+         f"{workers} (persistent)", "folder", {"num_workers": workers, "as_list": True}),
         ("tutorial_h5py", "tutorial h5py Dataset: dset[i] per item, default collate", "0", "tutorial", {}),
     ]
     for fmt, storage, _ in FILES:
@@ -265,20 +274,25 @@ def measure_row(spec, setup):
     """Measure one row (in its own process, see NOTE [fresh process per row]); return its dict."""
     key, method, workers_label, kind, options = spec
     print(f"  {method} [{workers_label}] ...", end="", flush=True)
+    probe = WorkerMemoryProbe()  # worker processes' memory after the warm-up and at the end
     with _EPOCH_BUILDERS[kind](setup, **options) as run_epoch:
-        rate = measure_rate(run_epoch, setup["repeats"], min_seconds=setup["min_seconds"])
+        rate = measure_rate(probe.wrap(run_epoch), setup["repeats"], min_seconds=setup["min_seconds"])
+        memory = probe.report()
     if rate.samples_per_pass != rate.epochs_per_pass * len(setup["paths"]):  # every sample, every epoch
         raise RuntimeError(f"{key}: an epoch gave {rate.samples_per_pass // rate.epochs_per_pass} samples")
     print(f" {rate.samples_per_s:,.0f} samples/s", flush=True)
-    return {"key": key, "method": method, "workers": workers_label, **rate.to_dict()}
+    return {"key": key, "method": method, "workers": workers_label, **rate.to_dict(), "memory": memory}
 
 
 @contextmanager
-def _folder_epochs(setup, num_workers):
+def _folder_epochs(setup, num_workers, as_list=False):
     import _datasets
     from torch.utils.data import DataLoader
 
-    dataset = _datasets.RawFolderDataset(setup["paths"], setup["labels"], setup["size"])
+    from _folder_list import RawFolderListDataset
+
+    cls = RawFolderListDataset if as_list else _datasets.RawFolderDataset
+    dataset = cls(setup["paths"], setup["labels"], setup["size"])
     loader = DataLoader(
         dataset, setup["batch_size"], shuffle=True, num_workers=num_workers, persistent_workers=num_workers > 0
     )
@@ -425,9 +439,21 @@ def loading_table(rows):
     for row in rows:
         method = row["method"] + (" = LIMIT" if row.get("is_limit") else "")
         rate, fraction, ratio = row["samples_per_s"], row["fraction_of_limit"], row["ratio_vs_folder"]
-        body.append((method, row["workers"], f"{rate:,.0f}", f"{fraction:.3g}", f"{ratio:,.1f}x"))
-    headers = ["method", "workers", "samples/s", "fraction of memcpy limit", "vs raw folder (0 workers)"]
-    return markdown_table(headers, body, "llrrr")
+        memory = worker_memory_text(row.get("memory"))
+        body.append((method, row["workers"], f"{rate:,.0f}", f"{fraction:.3g}", f"{ratio:,.1f}x", memory))
+    headers = ["method", "workers", "samples/s", "fraction of memcpy limit", "vs raw folder (0 workers)",
+               "per-worker MB: USS (private dirty)"]
+    return markdown_table(headers, body, "llrrrr")
+
+
+def worker_memory_text(memory):
+    """Return "USS (private dirty)" in MB, averaged over worker processes, or "-" without workers."""
+    workers = (memory or {}).get("per_worker") or []
+    if not workers:
+        return "-"
+    uss = statistics.mean(w["uss"] for w in workers) / 1e6
+    dirty = statistics.mean(w.get("private_dirty", 0) for w in workers) / 1e6
+    return f"{uss:,.0f} ({dirty:,.0f})"
 
 
 def conversion_table(conversions, count):
@@ -465,11 +491,14 @@ def _warn_if_busy(busy, when):
         )
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def run(args, runner=run_isolated):
+    """Make the images, convert them and measure every row at ``args.size``; return the results.
+
+    Prints progress. ``runner(fn, *args)`` runs each row in a fresh process;
+    run.py passes a faster one (see NOTE [zygote] in _fresh.py). The result
+    holds no machine facts; ``main`` adds them.
+    """
     os.makedirs(args.workdir, exist_ok=True)
-    busy_before = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_percent()
-    _warn_if_busy(busy_before, "before the run")
     started = time.perf_counter()
     root, source = prepare_imagefolder(args.workdir, args.num_images, args.seed)
     paths, labels = list_images(root)
@@ -481,38 +510,54 @@ def main(argv=None):
     print("throughput, each row in a fresh process:", flush=True)
     setup = dict(paths=paths, labels=labels, files=files, size=args.size, batch_size=args.batch_size)
     setup.update(workers=args.workers, repeats=args.repeats, min_seconds=args.min_pass_seconds, seed=args.seed)
-    rows = [run_isolated(measure_row, spec, setup) for spec in row_specs(args.workers)]
+    rows = [runner(measure_row, spec, setup) for spec in row_specs(args.workers)]
     targets = summarize(rows, conversions)
     tables = {"loading": loading_table(rows), "conversion": conversion_table(conversions, len(paths))}
-    run_seconds = time.perf_counter() - started
-    busy_after = busy_percent()
-    print(f"\n## Loading {len(paths)} images at {args.size}x{args.size}, batch {args.batch_size}, shuffled\n")
-    print(tables["loading"])
-    print(
-        f"\nsamples/s: median of {args.repeats} passes of whole epochs (>= {args.min_pass_seconds}s each) after a "
-        "warm-up epoch, each row in a fresh process. workers > 0: persistent workers, so their start-up falls "
-        "in the warm-up epoch. LIMIT: the faster of the two direct copies."
-    )
-    print(f"\n## Conversion of {len(paths)} JPEGs ({PHOTO_SIZE[0]}x{PHOTO_SIZE[1]}) to {args.size}x{args.size}\n")
-    print(tables["conversion"])
-    print("\n## Targets\n")
-    print(targets_text(targets))
-    _warn_if_busy(busy_after, "after the run")
-    results = {
+    return {
         "benchmark": "images",
         "config": dict(vars(args)),
-        "machine": {**machine_info(), "busy_percent_before": busy_before, "busy_percent_after": busy_after},
         "source": source,
+        "files": files,
         "conversion": conversions,
         "loading": rows,
         "targets": targets,
         "tables": tables,
-        "run_seconds": run_seconds,
+        "run_seconds": time.perf_counter() - started,
     }
+
+
+def report_text(results):
+    """Return the Markdown report of ``run``'s results: loading, conversion and targets."""
+    config, count = results["config"], results["source"]["num_images"]
+    size, tables = config["size"], results["tables"]
+    return "\n".join([
+        f"## Loading {count} images at {size}x{size}, batch {config['batch_size']}, shuffled\n",
+        tables["loading"],
+        f"\nsamples/s: median of {config['repeats']} passes of whole epochs (>= {config['min_pass_seconds']}s "
+        "each) after a warm-up epoch, each row in a fresh process. workers > 0: persistent workers, so their "
+        "start-up falls in the warm-up epoch. LIMIT: the faster of the two direct copies. Worker memory: mean "
+        "over the worker processes at the end, USS and its private dirty part (see NOTE [worker memory] in "
+        "_system.py).",
+        f"\n## Conversion of {count} JPEGs ({PHOTO_SIZE[0]}x{PHOTO_SIZE[1]}) to {size}x{size}\n",
+        tables["conversion"],
+        "\n## Targets\n",
+        targets_text(results["targets"]),
+    ])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    busy_before = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_percent()
+    _warn_if_busy(busy_before, "before the run")
+    results = run(args)
+    busy_after = busy_percent()
+    print("\n" + report_text(results))
+    _warn_if_busy(busy_after, "after the run")
+    results["machine"] = {**machine_info(), "busy_percent_before": busy_before, "busy_percent_after": busy_after}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
-    print(f"\nwrote {args.out} (run took {run_seconds:.0f}s)")
+    print(f"\nwrote {args.out} (run took {results['run_seconds']:.0f}s)")
     return 0
 
 

@@ -1,0 +1,106 @@
+"""Tests of the benchmark suite (benchmarks/run.py): its helpers, and a tiny real run of every section."""
+
+import json
+import operator
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import _system  # noqa: E402
+import report  # noqa: E402
+import run as suite  # noqa: E402
+from _baseline_datasets import EpochBatches, StreamBatches  # noqa: E402
+from _fresh import FreshProcesses  # noqa: E402
+
+SECTIONS = {"images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache"}
+
+
+def test_only_selects_sections_and_rejects_unknown_ones(capsys):
+    assert suite.parse_args(["--quick", "--only", "text, memory"]).sections == ("text", "memory")
+    assert set(suite.parse_args([]).sections) == SECTIONS
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--only", "images,nope"])
+    assert "unknown sections ['nope']" in capsys.readouterr().err
+
+
+def test_quick_changes_defaults_only():
+    quick = suite.parse_args(["--quick", "--repeats", "2"])
+    assert (quick.repeats, quick.num_images, quick.memory_samples) == (2, 200, 20_000)
+    assert suite.parse_args([]).memory_samples == 1_000_000
+
+
+def test_targets_pass_both_ways_with_margin():
+    at_least = report.finish({"name": "a", "value": 3.0, "threshold": 2.0}, "s")
+    at_most = report.finish({"name": "b", "value": 0.04, "threshold": 0.02, "at_least": False}, "s")
+    assert at_least["pass"] and at_least["margin"] == pytest.approx(1.5)
+    assert not at_most["pass"] and at_most["margin"] == pytest.approx(0.5)
+
+
+def test_stream_batches_are_full_sorted_and_cover_each_epoch():
+    stream = iter(StreamBatches(10, 4, seed=0))
+    first_epoch = [next(stream) for _ in range(2)]  # 10 // 4 full batches per permutation
+    assert all(len(b) == 4 and np.all(np.diff(b) > 0) for b in first_epoch)
+    assert len(np.unique(np.concatenate(first_epoch))) == 8
+    epochs = EpochBatches(10, 4, num_batches=5, seed=0)
+    assert len(list(epochs)) == len(epochs) == 5
+    assert not np.array_equal(np.concatenate(list(epochs)), np.concatenate(list(epochs)))  # a new draw each epoch
+
+
+def test_memory_of_reads_this_process():
+    memory = _system.memory_of(os.getpid())
+    assert memory["uss"] > 0 and memory["pss"] > 0 and memory["uss"] >= memory["private_dirty"]
+
+
+def test_page_cache_drop_is_checked_by_residency(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    path.read_bytes()
+    dropped = _system.drop_from_page_cache([str(path)])
+    if dropped["method"] is None:
+        pytest.skip(f"this machine keeps the pages: {dropped['notes']}")
+    assert dropped["resident_after"] <= 0.01
+    path.read_bytes()
+    assert _system.page_residency(str(path)) > 0.5
+
+
+def test_fresh_processes_return_results_and_report_errors():
+    with FreshProcesses(preload=()) as fresh:
+        assert fresh.run(operator.add, 2, 3) == 5
+        with pytest.raises(RuntimeError, match="ValueError"):
+            fresh.run(int, "not a number")
+        assert fresh.run(operator.mul, 4, 5) == 20  # the zygote survives a failed row
+
+
+@pytest.mark.slow
+def test_benchmark_suite_quick_run(tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", "--workdir", str(tmp_path / "work"),
+               "--out-dir", str(out)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    sections = results["sections"]
+    assert set(sections) == SECTIONS
+    assert not [name for name, section in sections.items() if "error" in section]
+    rows = {row["key"] for result in sections["images"]["sizes"].values() for row in result["loading"]}
+    assert {"folder", "folder_list_workers", "hdf5-raw", "arrow-jpeg", "copy_prealloc", "decode_threads"} <= rows
+    assert {row["key"] for row in sections["text"]["rows"]} >= {"raw_files", "hdf5-padded", "arrow-bucketed"}
+    assert all("samples_per_s" in row or row["skipped"] for row in sections["peers"]["rows"])
+    assert {"num_workers", "batch_size", "prefetch_factor"} <= set(sections["sweeps"]["sweeps"])
+    assert {row["start_method"] for row in sections["memory"]["rows"]} == {"fork", "spawn"}
+    assert sections["coldcache"]["rows"] and sections["gpustep"]["rows"]
+    targets = results["targets"]
+    assert targets and all(isinstance(t["pass"], bool) and (t["margin"] is None or t["margin"] > 0) for t in targets)
+    assert results["machine"]["cpu_count"] and results["run_seconds"] > 0
+    markdown = (out / "results.md").read_text()
+    assert "## Targets" in markdown and "| result" in markdown and "## Sweeps" in markdown
+    if results["machine"]["versions"].get("matplotlib"):
+        assert (out / "throughput_vs_num_workers.png").stat().st_size > 0
+        assert (out / "worker_memory_over_epoch.png").stat().st_size > 0
