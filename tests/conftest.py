@@ -5,12 +5,22 @@ needs to change a file copies it into its own ``tmp_path`` first.
 """
 
 import shutil
+import signal
 
 import pytest
 
 from fastdata import convert_imagefolder
 from fastdata.synthetic import make_imagefolder
 from helpers import FORMATS, NUM_CLASSES, PER_CLASS, SOURCE_SIZE, STORAGES, STORED_SIZE
+
+
+@pytest.fixture(autouse=True)
+def restore_sigterm():
+    # The CLI's main(), run in-process by CliRunner, installs a SIGTERM
+    # handler for its own process; keep pytest's.
+    handler = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, handler)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import sys
 
 import numpy as np
@@ -20,14 +19,6 @@ from fastdata.synthetic import make_imagefolder, make_text_corpus
 from fastdata.tokenizers import Tokenizer
 
 QUICK = {"repeats": 1, "min_seconds": 0.01}
-
-
-@pytest.fixture(autouse=True)
-def restore_sigterm():
-    # `fastdata` installs a SIGTERM handler for its own process; keep pytest's.
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 @pytest.fixture(scope="module")

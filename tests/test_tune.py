@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import signal
 import warnings
 
 import pytest
@@ -23,14 +22,6 @@ from fastdata.tune import (
     tune_loader,
     write_tune_json,
 )
-
-
-@pytest.fixture(autouse=True)
-def restore_sigterm():
-    # `fastdata` installs a SIGTERM handler for its own process; keep pytest's.
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 @pytest.fixture(scope="module")
