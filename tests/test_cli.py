@@ -164,10 +164,10 @@ SLOW_CLI_SCRIPT = textwrap.dedent(
     _real_prepare = imagefolder._prepare_image
 
 
-    def _slow_prepare(path, **kwargs):
-        # Runs in the worker processes too (this module is their __main__).
+    def _slow_prepare(task, **kwargs):
+        # Runs in the worker processes too (forked, or this module is their __main__).
         time.sleep(0.25)
-        return _real_prepare(path, **kwargs)
+        return _real_prepare(task, **kwargs)
 
 
     imagefolder._prepare_image = _slow_prepare

@@ -493,8 +493,8 @@ def test_interrupted_write_keeps_the_old_output_with_overwrite(source_root, tmp_
 def test_interruption_while_workers_run_leaves_nothing(source_root, tmp_path, monkeypatch):
     appended = []
 
-    def append_then_interrupt(self, payload):
-        appended.append(payload)
+    def append_then_interrupt(self, index, payload):
+        appended.append(index)
         if len(appended) == 3:
             raise KeyboardInterrupt
 
@@ -532,11 +532,11 @@ KILLER_SCRIPT = textwrap.dedent(
     _real_prepare = imagefolder._prepare_image
 
 
-    def _prepare_or_die(path, **kwargs):
-        # Runs in the worker processes (this module is their __main__ too).
-        if path.endswith(os.path.join("class_2", "img_00003.jpg")):
+    def _prepare_or_die(task, **kwargs):
+        # Runs in the worker processes (forked, or this module is their __main__).
+        if task[1].endswith(os.path.join("class_2", "img_00003.jpg")):
             os.kill(os.getpid(), signal.SIGKILL)
-        return _real_prepare(path, **kwargs)
+        return _real_prepare(task, **kwargs)
 
 
     imagefolder._prepare_image = _prepare_or_die
