@@ -4,9 +4,10 @@ NOTE [in-process default]: measured on a 2-core machine (5,000 images at
 64x64, batch 256), sorted batch reads from a memory map ran at ~1,000,000
 img/s in the main process but ~35,000 img/s through a DataLoader with 2
 workers, where every batch crosses processes in a new shared-memory tensor.
-So raw batches are read in the main process by a background thread that
-overlaps reading with the training step, and JPEG batches are decoded by a
-thread pool (Pillow releases the GIL). Worker processes are used only when
+So raw batches are read in the main process (inline, or by a background
+thread once the training step gives it time to overlap, see NOTE [adaptive
+read-ahead]), and JPEG batches are decoded by a thread pool (the decoder
+releases the GIL). Worker processes are used only when
 asked for with ``num_workers > 0``, and then each worker reads whole batches.
 
 NOTE [auto workers]: ``num_workers="auto"`` takes num_workers and
