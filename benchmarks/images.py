@@ -48,6 +48,7 @@ import h5py
 import numpy as np
 
 from fastdata import convert_imagefolder
+from fastdata.converters._parallel import default_workers
 from fastdata.synthetic import make_imagefolder
 
 import _baselines
@@ -167,7 +168,7 @@ def time_conversions(root, paths, workdir, size, repeats):
     Repeats are interleaved (baseline, then each conversion, then again), so
     that drift in machine speed affects every method alike.
     """
-    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = default_workers()
     jobs, files = {"pool_baseline": partial(_pool_baseline, paths, size, workers)}, {}
     for fmt, storage, ext in FILES:
         files[f"{fmt}-{storage}"] = os.path.join(workdir, f"{len(paths)}-images-{size}px-{storage}{ext}")
@@ -213,6 +214,7 @@ import time
 import torch  # noqa: F401
 
 from fastdata import convert_imagefolder
+from fastdata.converters._parallel import default_workers
 
 if __name__ == "__main__":
     started = time.perf_counter()

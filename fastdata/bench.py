@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
 from fastdata._optional import optional
+from fastdata.converters._parallel import default_workers
 
 # ---------------------------------------------------------------- measuring
 
@@ -239,11 +240,6 @@ def _mean(values):
 # ---------------------------------------------------------------- the machine
 
 
-def usable_cpus():
-    """Return the CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def available_memory():
     """Return the bytes of memory available to new allocations, or None where unknown."""
     psutil = optional("psutil")
@@ -266,7 +262,7 @@ def describe_machine():
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
-        "usable_cpus": usable_cpus(),
+        "usable_cpus": default_workers(),
         "cpu_model": _cpu_model(),
         "ram_bytes": _ram_bytes(),
         "platform": platform.platform(),

@@ -11,7 +11,8 @@ import numpy as np
 
 from fastdata._optional import require
 from fastdata.baselines import PadCollate, PerItem, RawFolderDataset, RawTextDataset
-from fastdata.bench import check_count, describe_machine, markdown_table, measure_loader, measure_rate, usable_cpus
+from fastdata.bench import check_count, describe_machine, markdown_table, measure_loader, measure_rate
+from fastdata.converters._parallel import default_workers
 from fastdata.errors import SourceError
 
 
@@ -170,7 +171,7 @@ def _contrast_rows(dataset, batch_size):
             rows.append(_Row("copy_limit", method, "1 thread", lambda: _copy_epochs(columns, batch_size), limit=True))
         else:
             method = "JPEG decode limit: decode_jpeg (as the loader) in a tight loop"
-            rows.append(_Row("decode_limit", method, f"{usable_cpus()} threads", lambda: _DecodeEpochs(columns),
+            rows.append(_Row("decode_limit", method, f"{default_workers()} threads", lambda: _DecodeEpochs(columns),
                              limit=True))
     return rows
 
@@ -216,7 +217,7 @@ class _DecodeEpochs:
 
     def __init__(self, columns):
         self._data, self._offsets = memoryview(np.asarray(columns.samples)), columns.offsets.tolist()
-        threads = usable_cpus()
+        threads = default_workers()
         self._edges = np.linspace(0, len(self._offsets) - 1, 4 * threads + 1).astype(int).tolist()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-bench")
 

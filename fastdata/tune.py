@@ -31,7 +31,8 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from fastdata.bench import available_memory, describe_machine, measure_loader, usable_cpus
+from fastdata.bench import available_memory, describe_machine, measure_loader
+from fastdata.converters._parallel import default_workers
 
 TUNE_SUFFIX = ".tune.json"
 THRESHOLD = 0.05  # a setting must be this much faster to count as better
@@ -139,7 +140,7 @@ def tune_loader(path, *, budget=60.0, max_workers=None, batch_size=None, on_tria
     started = clock()
     dataset = open_dataset(path)
     cuda = torch.cuda.is_available()
-    max_workers = 2 * usable_cpus() if max_workers is None else max_workers
+    max_workers = 2 * default_workers() if max_workers is None else max_workers
     trial_seconds = min(max(budget / _TRIALS_PER_BUDGET, _TRIAL_SECONDS[0]), _TRIAL_SECONDS[1])
     num_samples = len(dataset) if measure is not None else _epoch_samples(dataset, trial_seconds)
     if measure is None:
