@@ -8,15 +8,15 @@ batches drawn from successive shuffled permutations of the file (a
 in a real dataset, not as in a file of a few batches.
 
 NOTE [time lost to data]: the time inside ``next()`` is not all the time
-the loop loses. The loader's threads hold the GIL while they run Python
-code, so the loop's own Python and torch calls wait for it too. Measured
-on 64x64 jpeg (100 batches): an epoch took 0.84 s, of which 0.52 s in
-the sleeps, 0.13 s inside next() and 0.20 s in ``int(batch.reshape(-1)[-1])``
-(3 us without a loader); on jpeg 224x224, 3 epochs took 11.6 s with
-0.14 s inside next(). So each row also times the same loop (the same
-touch of a batch already in memory, the same sleeps) without a loader;
-the time lost is the epoch time minus that. The target uses the time
-lost; the table shows both.
+the loop loses. The loader's threads compete with the loop for the cores
+and for the GIL, so the loop's own Python and torch calls can take longer
+and its sleeps can wake late. So each row also times the same loop (the
+same touch of a batch already in memory, the same sleeps) without a
+loader; the time lost is the epoch time minus that. The target uses the
+time lost; the table shows both. The touch reads one element and copies
+nothing: an earlier ``int(batch.reshape(-1)[-1])`` copied every
+channels_last JPEG batch whole (2 ms per 64x64 batch while decoders
+were busy), which the table then blamed on loading.
 
 A warm-up of 10 batches, then timed epochs (at least 5 where data keeps
 up, --quick 2, and at least 4 x --min-seconds); fractions are sums over
@@ -80,16 +80,20 @@ def _steps_only(count):
     """Return the seconds of ``count`` simulated steps on a batch already in memory (no loader)."""
     import torch
 
+    from fastdata.bench import touch
+
     batch = torch.zeros((256, 3, 8, 8), dtype=torch.uint8)
     started = time.perf_counter()
     for _ in range(count):
-        int(batch.reshape(-1)[-1])  # the same touch as in _epoch
+        touch(batch)  # the same touch as in _epoch
         time.sleep(STEP_SECONDS)
     return time.perf_counter() - started
 
 
 def _epoch(loader, stop_after=None):
     """Run one epoch of the simulated loop (or its first batches); return its seconds and waits."""
+    from fastdata.bench import touch
+
     wait, first, count = 0.0, None, 0
     started = time.perf_counter()
     batches = iter(loader)
@@ -102,7 +106,7 @@ def _epoch(loader, stop_after=None):
         wait += waited
         first = waited if first is None else first
         count += 1
-        int(batch[0].reshape(-1)[-1])  # the step reads the batch
+        touch(batch[0])  # the step reads the batch
         time.sleep(STEP_SECONDS)
     if stop_after is None and count != len(loader):
         raise RuntimeError(f"an epoch gave {count} batches, expected {len(loader)}")

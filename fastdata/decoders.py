@@ -6,6 +6,7 @@ and returns a tuple of tensors (without the labels). Both give the same
 values for the same sample; tests check it.
 """
 
+import itertools
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +23,9 @@ from fastdata.images import decode_jpeg
 class _ImageDecoder:
     """Shared by image decoders: every sample is uint8 ``[3, H, W]``."""
 
-    def __init__(self, metadata):
+    def __init__(self, metadata, path):
         self.sample_shape = tuple(metadata["sample_shape"])
+        self.path = path
 
     def max_batch_bytes(self, batch_size):
         return batch_size * int(np.prod(self.sample_shape))
@@ -32,8 +34,8 @@ class _ImageDecoder:
 class RawImageDecoder(_ImageDecoder):
     """uint8 images stored as fixed ``[3, H, W]`` rows: reading is a copy."""
 
-    def __init__(self, metadata):
-        super().__init__(metadata)
+    def __init__(self, metadata, path):
+        super().__init__(metadata, path)
         self._buffers = BufferPool()
 
     def item(self, columns, index):
@@ -89,37 +91,66 @@ class JpegImageDecoder(_ImageDecoder):
     NCHW strides where a model needs them).
     """
 
-    def __init__(self, metadata):
-        super().__init__(metadata)
-        self._pool = None
+    def __init__(self, metadata, path):
+        super().__init__(metadata, path)
+        self._pool, self._pool_size = None, 0
         self._buffers = BufferPool()
 
     def item(self, columns, index):
         data = columns.samples[columns.offsets[index] : columns.offsets[index + 1]]
-        return torch.from_numpy(np.ascontiguousarray(decode_jpeg(data).transpose(2, 0, 1)))
+        return torch.from_numpy(np.ascontiguousarray(self._decode(data, index).transpose(2, 0, 1)))
+
+    def _decode(self, data, index, out=None):
+        try:
+            return decode_jpeg(data, out)
+        except Exception as exc:  # the stored bytes are damaged: name the file and the sample
+            raise FormatError(
+                f"{self.path!r}: the stored JPEG of sample {index} does not decode ({type(exc).__name__}: {exc}); "
+                "the file is damaged, convert the source again"
+            ) from exc
 
     def batch(self, columns, indices, pin_memory=False, threads=None):
-        """Decode a batch on ``threads`` threads (default: all cores; 1 in a DataLoader worker)."""
+        """Decode a batch on ``threads`` threads, this one included (default: all cores; 1 in a DataLoader worker).
+
+        NOTE [shared row counter]: every thread takes the next undecoded row
+        from one counter, so the threads finish within one image of each
+        other whatever the image sizes and however the OS schedules them;
+        fixed halves per thread left a core idle at the end of every batch.
+        The calling thread decodes too, instead of sleeping until the pool
+        is done. Measured on 2 cores, 15 alternating epochs in one process:
+        +9% at 64x64 and +10% at 224x224 over fixed halves.
+        """
         channels, height, width = self.sample_shape
         decoded = self._buffers.take((len(indices), height, width, channels), np.uint8)
         data = memoryview(columns.samples)
         starts, stops = columns.offsets[indices].tolist(), columns.offsets[indices + 1].tolist()
+        rows = itertools.count()  # next() is atomic under the GIL
 
-        def decode(start, stop):
-            for row in range(start, stop):
-                decode_jpeg(data[starts[row] : stops[row]], decoded[row])
+        def decode_rows():
+            for row in rows:
+                if row >= len(starts):
+                    return
+                self._decode(data[starts[row] : stops[row]], indices[row], decoded[row])
 
         if threads is None:
             threads = 1 if get_worker_info() is not None else default_workers()  # workers own a core each
-        edges = np.linspace(0, len(indices), min(threads, max(len(indices), 1)) + 1).astype(int).tolist()
-        if len(edges) <= 2:
-            decode(0, len(indices))
-        else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode")
-            list(self._pool.map(decode, edges[:-1], edges[1:]))
+        helpers = [self._helper_pool(threads - 1).submit(decode_rows) for _ in range(min(threads, len(starts)) - 1)]
+        try:
+            decode_rows()
+        finally:  # never return (or raise) while a helper still writes into the batch
+            failures = [error for error in [helper.exception() for helper in helpers] if error is not None]
+        if failures:
+            raise failures[0]
         images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]
         return (images.pin_memory() if pin_memory else images,)
+
+    def _helper_pool(self, size):
+        """Return a thread pool of at least ``size`` threads (made once, grown when asked for more)."""
+        if self._pool_size < size:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool, self._pool_size = ThreadPoolExecutor(size, thread_name_prefix="fastdata-decode"), size
+        return self._pool
 
 
 class TokenDecoder:
@@ -134,7 +165,7 @@ class TokenDecoder:
     large as the batch, which costs more than 256 slice copies.
     """
 
-    def __init__(self, metadata):
+    def __init__(self, metadata, path):
         self.pad_id = int(metadata["tokenizer"]["pad_id"])
         self.max_length = int(metadata["lengths"]["max"])
 
@@ -176,4 +207,4 @@ def decoder_for(metadata, path):
     key = (metadata.get("kind"), metadata.get("storage"))
     if key not in DECODERS:
         raise FormatError(f"{path!r}: no reader for kind={key[0]!r}, storage={key[1]!r}; upgrade fastdata")
-    return DECODERS[key](metadata)
+    return DECODERS[key](metadata, path)

@@ -18,8 +18,11 @@ import os
 import time
 import weakref
 
+import numpy as np
 import torch
 from torch.utils.data import get_worker_info
+
+from fastdata.decoders import BufferPool
 
 _WAIT_SECONDS = 5.0  # then give up on slots for this batch and return it as is
 _ALIGN = 64  # each tensor starts on a cache line, so any dtype view is aligned
@@ -43,7 +46,11 @@ class SharedSlots:
         self.key = f"{os.getpid()}-{next(_KEYS)}"
         self.buffers = torch.empty((num_workers, slots_per_worker, slot_bytes), dtype=torch.uint8).share_memory_()
         self.busy = torch.zeros((num_workers, slots_per_worker), dtype=torch.int32).share_memory_()
+        self.unpacked = BufferPool()  # the main process's batch memory, reused once dropped
         _LIVE[self.key] = self
+
+    def __getstate__(self):  # workers get the shared tensors, not the main process's pool
+        return {**self.__dict__, "unpacked": None}
 
     def pack(self, tensors):
         """In a worker: copy ``tensors`` into a free slot; return a SlotBatch, or ``tensors``."""
@@ -55,10 +62,10 @@ class SharedSlots:
         if slot is None:
             return tensors
         buffer = self.buffers[info.id, slot]
-        for tensor, start in zip(tensors, starts):
-            _bytes_of(buffer, start, tensor).copy_(tensor)
+        layout = [(t.dtype, tuple(t.shape), _dense_strides(t), start) for t, start in zip(tensors, starts)]
+        for tensor, (dtype, shape, strides, start) in zip(tensors, layout):
+            _view(buffer, start, dtype, shape, strides).copy_(tensor)  # same strides: a plain copy
         self.busy[info.id, slot] = 1
-        layout = [(t.dtype, tuple(t.shape), start) for t, start in zip(tensors, starts)]
         return SlotBatch(self.key, info.id, slot, layout)
 
     def _free_slot(self, worker):
@@ -83,9 +90,13 @@ class SlotBatch:
         slots = _LIVE[self.key]
         buffer = slots.buffers[self.worker, self.slot]
         out = []
-        for dtype, shape, start in self.layout:
-            tensor = torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
-            tensor.copy_(_bytes_of(buffer, start, tensor))
+        for dtype, shape, strides, start in self.layout:
+            if pin_memory:  # pinned batches are not pooled (see NOTE [buffer reuse])
+                tensor = torch.empty_strided(shape, strides, dtype=dtype, pin_memory=True)
+            else:
+                size = _extent(dtype, shape, strides)
+                tensor = _view(torch.from_numpy(slots.unpacked.take((size,), np.uint8)), 0, dtype, shape, strides)
+            tensor.copy_(_view(buffer, start, dtype, shape, strides))
             out.append(tensor)
         slots.busy[self.worker, self.slot] = 0
         return tuple(out)
@@ -103,7 +114,29 @@ def _layout(tensors):
     return starts, end
 
 
-def _bytes_of(buffer, start, like):
-    """View ``buffer`` from ``start`` as a tensor of ``like``'s dtype and shape."""
-    size = like.numel() * like.element_size()
-    return buffer[start : start + size].view(like.dtype).view(like.shape)
+def _dense_strides(tensor):
+    """Return ``tensor``'s strides if it is channels_last, else contiguous ones.
+
+    Keeping that layout makes both copies plain memory copies (a JPEG batch
+    is a channels_last view, see NOTE [channels last] in decoders.py).
+    """
+    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+        return tensor.stride()
+    strides, step = [], 1
+    for size in reversed(tensor.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _extent(dtype, shape, strides):
+    """Return the bytes spanned by a dense tensor of ``shape`` and ``strides``."""
+    if not all(shape):
+        return 0
+    return (1 + sum((size - 1) * stride for size, stride in zip(shape, strides))) * dtype.itemsize
+
+
+def _view(buffer, start, dtype, shape, strides):
+    """View uint8 ``buffer`` from byte ``start`` as a tensor of ``dtype``, ``shape`` and ``strides``."""
+    size = _extent(dtype, shape, strides)
+    return buffer[start : start + size].view(dtype).as_strided(shape, strides)

@@ -3,7 +3,9 @@
 import multiprocessing
 import os
 import pickle
+import shutil
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from fastdata import ArrowDataset, HDF5Dataset, open_dataset
 from fastdata.converters import find_images
+from fastdata.errors import FormatError
 from fastdata.images import ImageSpec
 from helpers import NUM_CLASSES, PER_CLASS, STORED_SIZE, expected_images
 
@@ -191,6 +194,24 @@ def test_jpeg_decode_threads_give_the_same_batch(packed_files):
     indices = np.arange(NUM_SAMPLES)
     batches = [ds.read_batch(indices, threads=threads)[0] for threads in (1, 3)]
     assert torch.equal(batches[0], batches[1]) and torch.equal(batches[0], ds.read_batch(indices)[0])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_damaged_stored_jpeg_names_the_file_and_the_sample(packed_files, tmp_path, threads):
+    damaged = tmp_path / "damaged.h5"
+    shutil.copy(packed_files("hdf5", "jpeg"), damaged)
+    with h5py.File(damaged, "r") as f:
+        start, stop = f["offsets"][5:7]
+        where = f["samples"].id.get_offset() + int(start)
+    with open(damaged, "r+b") as f:  # zero sample 5's JPEG bytes, SOI marker included
+        f.seek(where)
+        f.write(bytes(int(stop - start)))
+    ds = open_dataset(damaged)
+    with pytest.raises(FormatError, match=r"damaged\.h5.*sample 5 does not decode.*convert the source again"):
+        ds.read_batch(np.arange(NUM_SAMPLES), threads=threads)
+    with pytest.raises(FormatError, match="sample 5"):
+        ds[5]
+    assert ds.read_batch(np.array([4, 6]), threads=threads)[0].shape[0] == 2  # the other samples still read
 
 
 def test_jpeg_decoders_agree(packed_files, monkeypatch):

@@ -152,6 +152,7 @@ def worker_run(request, big_files):
         epochs = run_epochs(loader)
     info = {
         "start_method": start_method,
+        "storage": storage,
         "loader": loader,
         "epochs": epochs,
         "lookup": index_of_images(open_dataset(path)),
@@ -191,6 +192,13 @@ def test_workers_batches_have_the_right_types_and_len(worker_run):
     images, labels, _ = batches[0]
     assert images.dtype == torch.uint8 and tuple(images.shape) == (BIG_BATCH, 3, BIG_SIZE, BIG_SIZE)
     assert labels.dtype == torch.int64 and tuple(labels.shape) == (BIG_BATCH,)
+
+
+def test_workers_batches_keep_the_in_process_layout(worker_run):
+    # JPEG batches are channels_last (see NOTE [channels last]) and cross processes as such
+    images = worker_run["epochs"][1][0][0]
+    layout = torch.channels_last if worker_run["storage"] == "jpeg" else torch.contiguous_format
+    assert images.is_contiguous(memory_format=layout)
 
 
 def test_pin_memory_defaults_to_false_without_cuda(worker_run):
@@ -383,6 +391,38 @@ def test_stopping_a_busy_loop_early_stops_the_thread(small):
     assert any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
     iterator.close()
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+class ThreadsRecordingDataset(HDF5Dataset):
+    """Records the decode threads each batch read was given (None: the decoder's default, all cores)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.threads = []
+
+    def read_batch(self, indices, *args, **kwargs):
+        self.threads.append(kwargs.get("threads"))
+        return super().read_batch(indices, *args, **kwargs)
+
+
+def spin(seconds):
+    """Compute on this thread for ``seconds`` (a step that trains on the CPU)."""
+    started = time.thread_time()
+    while time.thread_time() - started < seconds:
+        pass
+
+
+@pytest.mark.parametrize("step, leaves_a_core", [(time.sleep, False), (spin, True)])
+def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monkeypatch, step, leaves_a_core):
+    # see NOTE [leave a core]: a loop waiting (as for a GPU) gets no core kept for it
+    monkeypatch.setattr("fastdata.loader.default_workers", lambda: 4)
+    dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
+    loader = make_loader(dataset, 2)
+    for _ in range(3):
+        for _ in loader:
+            step(0.003)
+    later_epochs = dataset.threads[len(loader) :]
+    assert later_epochs and set(later_epochs) == ({3} if leaves_a_core else {None})
 
 
 @pytest.mark.parametrize(
