@@ -8,6 +8,7 @@ use), so that processes started from a benchmark script (which re-import
 ``__main__`` under forkserver or spawn) stay light.
 """
 
+import math
 import multiprocessing
 import time
 import traceback
@@ -15,8 +16,8 @@ import traceback
 from fastdata.bench import Rate, markdown_table, measure_rate
 from fastdata.bench import describe_machine as machine_info
 
-__all__ = ["Rate", "busy_percent", "machine_info", "markdown_table", "measure_rate", "run_isolated",
-           "wait_until_quiet"]
+__all__ = ["Rate", "busy_percent", "interleaved_rates", "machine_info", "markdown_table", "measure_rate",
+           "run_isolated", "wait_until_quiet"]
 
 
 def run_isolated(fn, *args):
@@ -48,6 +49,31 @@ def run_isolated(fn, *args):
     if not ok:
         raise RuntimeError(f"measuring in a child process failed:\n{value}")
     return value
+
+
+def interleaved_rates(run_epochs, rounds, min_seconds):
+    """Time ``run_epochs`` (name -> callable returning samples) in turn, ``rounds`` times; return name -> rates.
+
+    NOTE [interleaved rates]: this VM's speed drifts by up to a third over
+    seconds (the same loader measured 75k and 110k img/s a few seconds
+    apart, in one process), so two rates measured minutes apart give a
+    ratio that is mostly drift. Passes of each method taken in turn, a
+    fraction of a second each, see the same machine; the ratio of a round's
+    rates is then the comparison. Each method is warmed up once first.
+    """
+    epochs = {}
+    for name, run_epoch in run_epochs.items():
+        run_epoch()  # warm-up
+        started = time.perf_counter()
+        run_epoch()
+        epochs[name] = max(1, math.ceil(min_seconds / max(time.perf_counter() - started, 1e-9)))
+    rates = {name: [] for name in run_epochs}
+    for _ in range(rounds):
+        for name, run_epoch in run_epochs.items():
+            started = time.perf_counter()
+            samples = sum(run_epoch() for _ in range(epochs[name]))
+            rates[name].append(samples / (time.perf_counter() - started))
+    return rates
 
 
 def _run_child(sender, start_method, fn, args):

@@ -17,7 +17,7 @@ from torch.utils.data import get_worker_info
 
 from fastdata.converters._parallel import default_workers
 from fastdata.errors import FormatError
-from fastdata.images import decode_jpeg
+from fastdata.images import decode_jpeg, jpeg_decoder_into
 
 
 class _ImageDecoder:
@@ -98,16 +98,18 @@ class JpegImageDecoder(_ImageDecoder):
 
     def item(self, columns, index):
         data = columns.samples[columns.offsets[index] : columns.offsets[index + 1]]
-        return torch.from_numpy(np.ascontiguousarray(self._decode(data, index).transpose(2, 0, 1)))
-
-    def _decode(self, data, index, out=None):
         try:
-            return decode_jpeg(data, out)
-        except Exception as exc:  # the stored bytes are damaged: name the file and the sample
-            raise FormatError(
-                f"{self.path!r}: the stored JPEG of sample {index} does not decode ({type(exc).__name__}: {exc}); "
-                "the file is damaged, convert the source again"
-            ) from exc
+            pixels = decode_jpeg(data)
+        except Exception as exc:
+            raise self._damaged(index, exc) from exc
+        return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
+
+    def _damaged(self, index, exc):
+        """Return the error for stored bytes that do not decode, naming the file and the sample."""
+        return FormatError(
+            f"{self.path!r}: the stored JPEG of sample {index} does not decode ({type(exc).__name__}: {exc}); "
+            "the file is damaged, convert the source again"
+        )
 
     def batch(self, columns, indices, pin_memory=False, threads=None):
         """Decode a batch on ``threads`` threads, this one included (default: all cores; 1 in a DataLoader worker).
@@ -126,11 +128,15 @@ class JpegImageDecoder(_ImageDecoder):
         starts, stops = columns.offsets[indices].tolist(), columns.offsets[indices + 1].tolist()
         rows = itertools.count()  # next() is atomic under the GIL
 
-        def decode_rows():
-            for row in rows:
-                if row >= len(starts):
-                    return
-                self._decode(data[starts[row] : stops[row]], indices[row], decoded[row])
+        def decode_rows():  # the least Python per image: it runs under the GIL, between decodes
+            row, count, decode = None, len(starts), jpeg_decoder_into()
+            try:
+                for row in rows:
+                    if row >= count:
+                        return
+                    decode(data[starts[row] : stops[row]], buffer=decoded[row])
+            except Exception as exc:
+                raise self._damaged(indices[row], exc) from exc
 
         if threads is None:
             threads = 1 if get_worker_info() is not None else default_workers()  # workers own a core each

@@ -169,9 +169,12 @@ class BatchLoader:
         ~35% of the rate of a loop that does nothing but read (measured 0.85M
         against 1.3M img/s at 64x64: GIL hand-offs per batch), yet a training
         step that runs while the thread reads hides the read entirely. So
-        batches are read inline until the loop body between two batches takes
+        batches are read inline until _STREAK loop bodies in a row take
         longer than _BUSY_CONSUMER_SECONDS; then a thread reads the rest of
-        the epoch, in the same order, and every later epoch from its start.
+        the epoch, in the same order, and later epochs from their start
+        until _STREAK short bodies in a row. One slow body is not enough: a
+        single pause (a garbage collection) once switched a tight JPEG loop
+        to the thread for good, at 53k against 85k img/s (64x64, 2 cores).
         """
         if first is not None:  # read early: the consumer was busy (see NOTE [next epoch's first batch])
             yield from _read_on_thread(batches, self.prefetch_factor, self._read_next_epoch_start, first)
@@ -197,7 +200,7 @@ class BatchLoader:
         another one (``set_epoch``), it is dropped and the epoch read anew.
         """
         epoch = getattr(self.sampler, "epoch", None)
-        if epoch is None:
+        if epoch is None or not self._body.busy:  # not busy: the next epoch reads inline
             return
         indices = iter(self.sampler)
         try:
@@ -221,31 +224,38 @@ class BatchLoader:
 class _LoopBody:
     """Times the training loop's body, the code that runs between two batches.
 
-    ``busy`` turns on once a body takes longer than _BUSY_CONSUMER_SECONDS
-    (see NOTE [adaptive read-ahead]). From then on the CPU time of the
-    loop's thread is measured too (0.4 us a call, so not in tight loops),
-    for NOTE [leave a core].
+    ``busy`` turns on after _STREAK bodies in a row longer than
+    _BUSY_CONSUMER_SECONDS, and off after _STREAK shorter ones (see NOTE
+    [adaptive read-ahead]). While busy, the CPU time of the loop's thread
+    is measured too (0.4 us a call, so not in tight loops), for NOTE [leave
+    a core].
     """
 
     _DECAY = 0.9  # weight of the past in the running sums: about the last 10 bodies count
 
     def __init__(self):
         self.busy = False
+        self._streak = 0  # bodies in a row on the other side of the threshold from ``busy``
         self._wall = self._cpu = 0.0
 
     def timed(self, batches):
         """Yield ``batches``, timing the consumer's work after each one; close them when done."""
         with closing(batches):
             for batch in batches:
+                busy = self.busy
                 wall = time.perf_counter()
-                cpu = time.thread_time() if self.busy else 0.0
+                cpu = time.thread_time() if busy else 0.0
                 yield batch
                 wall = time.perf_counter() - wall
-                if self.busy:
+                if busy:
                     self._wall = self._DECAY * self._wall + wall
                     self._cpu = self._DECAY * self._cpu + time.thread_time() - cpu
-                elif wall > _BUSY_CONSUMER_SECONDS:
-                    self.busy = True
+                if (wall > _BUSY_CONSUMER_SECONDS) == busy:
+                    self._streak = 0
+                else:
+                    self._streak += 1
+                    if self._streak == _STREAK:
+                        self.busy, self._streak = not busy, 0
 
     def keeps_a_core_busy(self):
         """Whether the body computes on its thread more than half of its time (True until measured)."""
@@ -254,6 +264,7 @@ class _LoopBody:
 
 _DONE = object()
 _BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
+_STREAK = 3  # bodies in a row that switch reading inline <-> on a thread
 _CPU_BOUND_SHARE = 0.5  # loop thread's CPU time / body time above which decoding leaves it a core
 
 

@@ -352,6 +352,27 @@ def test_tight_loop_reads_inline(small):
     assert "fastdata-read-ahead" not in names
 
 
+def test_one_slow_body_does_not_start_the_thread(small):
+    # see NOTE [adaptive read-ahead]: a single pause (a garbage collection) is not a busy loop
+    names = set()
+    for step, _ in enumerate(make_loader(small, 2)):
+        time.sleep(0.005 if step == 1 else 0)
+        names |= {t.name for t in threading.enumerate()}
+    assert step >= 4 and "fastdata-read-ahead" not in names
+
+
+def test_a_loop_that_turns_tight_reads_inline_again(small):
+    loader = make_loader(small, 2, shuffle=True, seed=3)
+    inline = make_loader(small, 2, shuffle=True, seed=3, prefetch_factor=0)
+    busy_loop(loader)
+    list(inline)
+    assert [labels.tolist() for _, labels in loader] == [labels.tolist() for _, labels in inline]  # tight again
+    names = set()
+    for _ in loader:
+        names |= {t.name for t in threading.enumerate()}
+    assert "fastdata-read-ahead" not in names
+
+
 def test_busy_loop_hands_reading_to_a_thread_in_order(small):
     loader = make_loader(small, 3, shuffle=True, seed=5)
     inline = make_loader(small, 3, shuffle=True, seed=5, prefetch_factor=0)
@@ -385,9 +406,9 @@ def test_errors_on_the_read_ahead_thread_reach_the_training_loop(packed_files):
 
 def test_stopping_a_busy_loop_early_stops_the_thread(small):
     iterator = iter(make_loader(small, 2, prefetch_factor=2))
-    next(iterator)
-    time.sleep(0.002)
-    next(iterator)
+    for _ in range(4):  # three slow bodies in a row switch to the thread
+        next(iterator)
+        time.sleep(0.002)
     assert any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
     iterator.close()
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
