@@ -70,10 +70,34 @@ def load_image(path, spec):
         with Image.open(path) as img:
             # JPEG only: decode at 1/2, 1/4 or 1/8 scale, never below the target.
             longest = max(spec.height, spec.width)
+            full_size = img.size
             img.draft(None, (longest, longest))
-            img.load()
+            img = _load_pixels(img, path, full_scale=img.size == full_size)
             ImageOps.exif_transpose(img, in_place=True)  # no copy where there is no rotation
             return np.asarray(resize(to_rgb(img, spec.background), spec))
+
+
+def _load_pixels(img, path, full_scale):
+    """Decode ``img``, opened from ``path``; return it or an image with the same pixels and info.
+
+    A full-scale RGB JPEG goes through simplejpeg where installed: the same
+    libjpeg-turbo settings, so the same pixels (tested), 0.1-0.2 ms sooner
+    at 500x375. A JPEG that simplejpeg only decodes with a warning (extra
+    bytes, a truncated scan) is left to Pillow, which keeps the decision
+    on what is usable the same with or without simplejpeg.
+    """
+    if full_scale and _simplejpeg is not None and img.format == "JPEG" and img.mode == "RGB":
+        with open(path, "rb") as file:
+            data = file.read()
+        try:
+            decoded = Image.fromarray(_simplejpeg.decode_jpeg(data, strict=True), "RGB")
+        except ValueError:
+            pass
+        else:
+            decoded.info.update(img.info)  # EXIF and XMP, for the orientation
+            return decoded
+    img.load()
+    return img
 
 
 def to_rgb(img, background=(255, 255, 255)):

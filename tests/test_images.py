@@ -1,9 +1,12 @@
 """fastdata.images: the reference preprocessing (draft, EXIF, to_rgb, resize)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+from fastdata import images
 from fastdata.images import ImageSpec, decode_jpeg, encode_jpeg, load_image, resize, to_rgb
 from fastdata.synthetic import make_photo
 
@@ -353,3 +356,43 @@ def test_jpeg_round_trip_and_decode_into_out():
 def test_lower_quality_gives_smaller_files():
     pixels = np.asarray(make_photo(np.random.default_rng(3), 64, 48))
     assert len(encode_jpeg(pixels, 30)) < len(encode_jpeg(pixels, 95))
+
+
+# ---------------------------------------------------------------- full-scale JPEG through simplejpeg
+
+
+def full_scale_jpegs(folder):
+    """JPEGs that load_image decodes at full scale: plain, progressive, 4:4:4, EXIF-rotated, with extra bytes."""
+    photo = make_photo(np.random.default_rng(4), 300, 200)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    paths = {}
+    for name, options in [("plain", {}), ("progressive", {"progressive": True}), ("444", {"subsampling": 0}),
+                          ("rotated", {"exif": exif})]:
+        paths[name] = folder / f"{name}.jpg"
+        photo.save(paths[name], quality=90, **options)
+    # Bytes between two markers: libjpeg warns ("extraneous bytes") and decodes.
+    data = paths["plain"].read_bytes()
+    scan = data.index(b"\xff\xda")
+    paths["extra-bytes"] = folder / "extra-bytes.jpg"
+    paths["extra-bytes"].write_bytes(data[:scan] + b"\x00\x00\x00" + data[scan:])
+    return paths
+
+
+def test_full_scale_jpegs_load_the_same_with_and_without_simplejpeg(tmp_path, monkeypatch):
+    pytest.importorskip("simplejpeg")
+    spec = ImageSpec(180, 180)  # no draft below 300x200: decoded at full scale
+    paths = full_scale_jpegs(tmp_path)
+    simplejpeg, tried = images._simplejpeg, []
+
+    def spy(data, **options):
+        tried.append(len(data))
+        return simplejpeg.decode_jpeg(data, **options)
+
+    monkeypatch.setattr("fastdata.images._simplejpeg", SimpleNamespace(decode_jpeg=spy))
+    fast = {name: load_image(path, spec) for name, path in paths.items()}
+    assert len(tried) == len(paths)  # every one went to simplejpeg first (extra-bytes then to Pillow)
+    monkeypatch.setattr("fastdata.images._simplejpeg", None)
+    for name, path in paths.items():
+        assert np.array_equal(fast[name], load_image(path, spec)), name
+    assert fast["rotated"].shape == (180, 180, 3) and not np.array_equal(fast["rotated"], fast["plain"])
