@@ -72,6 +72,8 @@ def measure_row(spec, setup):
         "next_seconds": waits,
         "next_fraction": waits / seconds,
         "first_batch_wait_ms": statistics.median(e["first_wait"] for e in epochs) * 1e3,
+        "batch_size": setup["batch_size"],
+        "samples_per_s": len(epochs) * setup["batches_per_epoch"] * setup["batch_size"] / seconds,
         "step_ms": STEP_SECONDS * 1e3,
     }
 
@@ -129,7 +131,9 @@ def targets_of(rows):
     return [{"name": f"simulated 5 ms GPU step, {row['key']}: share of the epoch lost to data",
              "value": row["lost_fraction"], "threshold": WAIT_FRACTION_MAX, "at_least": False,
              "info": f"{row['next_fraction']:.2%} inside next(); an epoch's first batch waits "
-                     f"{row['first_batch_wait_ms']:.1f} ms"} for row in rows]
+                     f"{row['first_batch_wait_ms']:.1f} ms; the loop ran at {row['samples_per_s']:,.0f} samples/s "
+                     f"(without data: {row['batch_size'] * row['batches_per_epoch'] / row['steps_only_seconds_per_epoch']:,.0f})"}
+            for row in rows]
 
 
 def table(rows):
