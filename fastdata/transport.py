@@ -14,6 +14,7 @@ free slot in time, travels the stock way.
 """
 
 import itertools
+import math
 import os
 import time
 import weakref
@@ -94,8 +95,8 @@ class SlotBatch:
             if pin_memory:  # pinned batches are not pooled (see NOTE [buffer reuse])
                 tensor = torch.empty_strided(shape, strides, dtype=dtype, pin_memory=True)
             else:
-                size = _extent(dtype, shape, strides)
-                tensor = _view(torch.from_numpy(slots.unpacked.take((size,), np.uint8)), 0, dtype, shape, strides)
+                memory = torch.from_numpy(slots.unpacked.take((_nbytes(dtype, shape),), np.uint8))
+                tensor = _view(memory, 0, dtype, shape, strides)
             tensor.copy_(_view(buffer, start, dtype, shape, strides))
             out.append(tensor)
         slots.busy[self.worker, self.slot] = 0
@@ -129,14 +130,10 @@ def _dense_strides(tensor):
     return tuple(reversed(strides))
 
 
-def _extent(dtype, shape, strides):
-    """Return the bytes spanned by a dense tensor of ``shape`` and ``strides``."""
-    if not all(shape):
-        return 0
-    return (1 + sum((size - 1) * stride for size, stride in zip(shape, strides))) * dtype.itemsize
-
-
 def _view(buffer, start, dtype, shape, strides):
-    """View uint8 ``buffer`` from byte ``start`` as a tensor of ``dtype``, ``shape`` and ``strides``."""
-    size = _extent(dtype, shape, strides)
-    return buffer[start : start + size].view(dtype).as_strided(shape, strides)
+    """View uint8 ``buffer`` from byte ``start`` as a dense tensor of ``dtype``, ``shape`` and ``strides``."""
+    return buffer[start : start + _nbytes(dtype, shape)].view(dtype).as_strided(shape, strides)
+
+
+def _nbytes(dtype, shape):
+    return math.prod(shape) * dtype.itemsize
