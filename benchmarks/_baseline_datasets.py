@@ -1,4 +1,4 @@
-"""Memory baselines and the samplers of the sweeps (raw-file baselines: fastdata.baselines).
+"""Memory baselines and the samplers of the sweeps (raw-file baselines: fastdata.measure.baselines).
 
 Kept at module level so that spawned DataLoader workers can unpickle them
 (imports torch; the image ones live in _datasets.py and _folder_list.py).
@@ -6,7 +6,6 @@ Kept at module level so that spawned DataLoader workers can unpickle them
 
 import numpy as np
 from torch.utils.data import Dataset
-
 
 # ---------------------------------------------------------------- memory baselines
 

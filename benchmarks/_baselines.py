@@ -8,8 +8,8 @@ from functools import partial
 
 import numpy as np
 
-from fastdata.baselines import load_resized
-from fastdata.images import decode_jpeg
+from fastdata.codecs.images import decode_jpeg
+from fastdata.measure.baselines import load_resized
 
 _BLOBS = None  # JPEG bytes held by each decode-pool worker
 

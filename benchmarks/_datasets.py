@@ -1,13 +1,13 @@
 """The usual PyTorch datasets that fastdata is compared against (imports torch).
 
-``RawFolderDataset`` lives in ``fastdata.bench`` (`fastdata bench` compares
+``RawFolderDataset`` lives in ``fastdata.measure.engine`` (`fastdata bench` compares
 a user's folder with it) and is re-exported here.
 """
 
 import h5py
 from torch.utils.data import Dataset
 
-from fastdata.baselines import RawFolderDataset
+from fastdata.measure.baselines import RawFolderDataset
 
 __all__ = ["RawFolderDataset", "TutorialH5Dataset"]
 

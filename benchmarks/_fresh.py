@@ -26,10 +26,10 @@ PRELOAD = (
     "h5py",
     "pyarrow",
     "PIL.Image",
-    "fastdata.datasets",
-    "fastdata.loader",
-    "fastdata.samplers",
-    "fastdata.tokenizers",
+    "fastdata.loading.datasets",
+    "fastdata.loading.loader",
+    "fastdata.loading.samplers",
+    "fastdata.codecs.tokenizers",
 )
 
 

@@ -15,12 +15,11 @@ import os
 import shutil
 import time
 
+import images
 import numpy as np
 
 from fastdata import convert_imagefolder, convert_text
-from fastdata.synthetic import make_imagefolder, make_text_corpus
-
-import images
+from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
 IMAGE_FILES = images.FILES  # (format, storage, extension)
 TEXT_FILES = (("hdf5", ".h5"), ("arrow", ".arrow"))

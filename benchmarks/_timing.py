@@ -1,7 +1,7 @@
 """Timing helpers of the benchmark scripts: isolated processes, a quiet machine.
 
 Timed passes (``Rate``, ``measure_rate``), the machine description and
-Markdown tables live in ``fastdata.bench``, shared with `fastdata bench`
+Markdown tables live in ``fastdata.measure.engine``, shared with `fastdata bench`
 and `fastdata tune`; they are re-exported here under their old names.
 Only the standard library, numpy and Pillow are imported (psutil on first
 use), so that processes started from a benchmark script (which re-import
@@ -13,8 +13,8 @@ import multiprocessing
 import time
 import traceback
 
-from fastdata.bench import Rate, markdown_table, measure_rate
-from fastdata.bench import describe_machine as machine_info
+from fastdata.measure.engine import Rate, markdown_table, measure_rate
+from fastdata.measure.engine import describe_machine as machine_info
 
 __all__ = ["Rate", "busy_percent", "interleaved_rates", "machine_info", "markdown_table", "measure_rate",
            "run_isolated", "wait_until_quiet"]

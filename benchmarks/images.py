@@ -44,17 +44,23 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from functools import partial
 
+import _baselines
 import h5py
 import numpy as np
+from _system import WorkerMemoryProbe
+from _timing import (
+    busy_percent,
+    interleaved_rates,
+    machine_info,
+    markdown_table,
+    measure_rate,
+    run_isolated,
+    wait_until_quiet,
+)
 
 from fastdata import convert_imagefolder
-from fastdata.converters._parallel import default_workers
-from fastdata.synthetic import make_imagefolder
-
-import _baselines
-from _system import WorkerMemoryProbe
-from _timing import (busy_percent, interleaved_rates, machine_info, markdown_table, measure_rate, run_isolated,
-                     wait_until_quiet)
+from fastdata._cpu import usable_cpus
+from fastdata.measure.synthetic import make_imagefolder
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -111,7 +117,7 @@ def prepare_imagefolder(workdir, num_images, seed):
     num_classes = min(10, max(4, num_images // 250))
     per_class = max(1, round(num_images / num_classes))
     params = {
-        "generator": "fastdata.synthetic.make_imagefolder",
+        "generator": "fastdata.measure.synthetic.make_imagefolder",
         "num_classes": num_classes,
         "per_class": per_class,
         "size": list(PHOTO_SIZE),
@@ -171,7 +177,7 @@ def time_conversions(root, paths, workdir, size, repeats):
     Repeats are interleaved (baseline, then each conversion, then again), so
     that drift in machine speed affects every method alike.
     """
-    workers = default_workers()
+    workers = usable_cpus()
     jobs, files = {"pool_baseline": partial(_pool_baseline, paths, size, workers)}, {}
     for fmt, storage, ext in FILES:
         files[f"{fmt}-{storage}"] = os.path.join(workdir, f"{len(paths)}-images-{size}px-{storage}{ext}")
@@ -222,7 +228,7 @@ import time
 import torch  # noqa: F401
 
 from fastdata import convert_imagefolder
-from fastdata.converters._parallel import default_workers
+from fastdata._cpu import usable_cpus
 
 if __name__ == "__main__":
     started = time.perf_counter()
@@ -316,9 +322,8 @@ def measure_jpeg_pairs(setup):
 @contextmanager
 def _folder_epochs(setup, num_workers, as_list=False):
     import _datasets
-    from torch.utils.data import DataLoader
-
     from _folder_list import RawFolderListDataset
+    from torch.utils.data import DataLoader
 
     cls = RawFolderListDataset if as_list else _datasets.RawFolderDataset
     dataset = cls(setup["paths"], setup["labels"], setup["size"])

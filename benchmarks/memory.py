@@ -85,10 +85,9 @@ def _make_loader(name, method, setup):
 
         dataset = open_dataset(setup["files"][name.split("_")[0]])
         return make_loader(dataset, batch_size, shuffle=True, num_workers=NUM_WORKERS, multiprocessing_context=method)
+    import _baseline_datasets as baselines
     import numpy as np
     from torch.utils.data import DataLoader
-
-    import _baseline_datasets as baselines
 
     prefix = setup["path_prefix"]
     paths = [f"{prefix}/class_{i % 10}/img_{i:07d}.jpg" for i in range(n)]  # n distinct str objects
@@ -125,7 +124,7 @@ def table(rows):
     for row in rows:
         workers = row["workers"]
 
-        def mean(part, key):
+        def mean(part, key, workers=workers):
             return statistics.mean(w[part][key] for w in workers) / 1e6
 
         body.append((row["method"], row["start_method"], f"{mean('start', 'uss'):,.1f}",

@@ -28,9 +28,8 @@ import shutil
 from contextlib import contextmanager
 from functools import partial
 
-import numpy as np
-
 import _prepare
+import numpy as np
 from _timing import markdown_table, measure_rate
 
 SIZE = 64  # peers hold the 64x64 samples, the size of the reference figures

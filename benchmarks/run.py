@@ -113,10 +113,9 @@ _MODULES = {"images": "image_section", "gpustep": "gpustep", "text": "text", "pe
 
 def main(argv=None):
     args = parse_args(argv)
+    import report
     from _fresh import FreshProcesses
     from _timing import busy_percent, wait_until_quiet
-
-    import report
 
     busy_before = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_percent()
     report.warn_if_busy(busy_before, "before the run")

@@ -21,9 +21,8 @@ import statistics
 from contextlib import contextmanager
 from functools import partial
 
-import numpy as np
-
 import _prepare
+import numpy as np
 from _system import WorkerMemoryProbe
 from _timing import markdown_table, measure_rate
 
@@ -101,7 +100,7 @@ def _raw_epochs(setup, num_workers):
     from torch.utils.data import DataLoader
 
     from fastdata import Tokenizer
-    from fastdata.baselines import PadCollate, RawTextDataset
+    from fastdata.measure.baselines import PadCollate, RawTextDataset
 
     tokenizer = Tokenizer.from_file(setup["files"]["hdf5"])  # the stored vocabulary and max_length
     dataset = RawTextDataset(setup["paths"], setup["labels"], tokenizer)

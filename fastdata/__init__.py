@@ -7,26 +7,26 @@ __version__ = "0.1.0"
 # Public name -> module. Loaded on first use so that converter worker
 # processes (see NOTE [worker start]) never pay for importing torch.
 _EXPORTS = {
-    "ArrowDataset": "fastdata.datasets",
-    "BucketBatchSampler": "fastdata.samplers",
+    "ArrowDataset": "fastdata.loading.datasets",
+    "BucketBatchSampler": "fastdata.loading.samplers",
     "ConversionReport": "fastdata.converters",
     "FastdataError": "fastdata.errors",
     "FormatError": "fastdata.errors",
-    "HDF5Dataset": "fastdata.datasets",
+    "HDF5Dataset": "fastdata.loading.datasets",
     "MissingDependencyError": "fastdata.errors",
-    "ProfileReport": "fastdata.profiler",
-    "ProfiledLoader": "fastdata.profiler",
+    "ProfileReport": "fastdata.measure.profiler",
+    "ProfiledLoader": "fastdata.measure.profiler",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
-    "Tokenizer": "fastdata.tokenizers",
-    "benchmark": "fastdata.compare",
+    "Tokenizer": "fastdata.codecs.tokenizers",
+    "benchmark": "fastdata.measure.bench",
     "convert_imagefolder": "fastdata.converters",
     "convert_text": "fastdata.converters",
-    "make_loader": "fastdata.loader",
-    "measure_loader": "fastdata.bench",
-    "open_dataset": "fastdata.datasets",
-    "profile": "fastdata.profiler",
-    "tune_loader": "fastdata.tune",
+    "make_loader": "fastdata.loading.loader",
+    "measure_loader": "fastdata.measure.engine",
+    "open_dataset": "fastdata.loading.datasets",
+    "profile": "fastdata.measure.profiler",
+    "tune_loader": "fastdata.measure.tune",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -155,8 +155,8 @@ def bench_command(target, batch_size, workers, repeats, seconds, size, json_out,
     raw files is compared with reading those.
     """
     from fastdata._optional import require
-    from fastdata.bench import write_json
-    from fastdata.compare import benchmark, format_results, plot_results
+    from fastdata.measure.bench import benchmark, format_results, plot_results
+    from fastdata.measure.engine import write_json
 
     for out in (json_out, plot_out):
         _check_new(out, overwrite)
@@ -193,7 +193,8 @@ def tune_command(path, budget, json_out, max_workers, batch_size, overwrite):
     saves them as JSON; make_loader(dataset, num_workers="auto") then uses the
     tuned num_workers and prefetch_factor.
     """
-    from fastdata.tune import format_trial, tune_json_path, tune_loader, write_tune_json
+    from fastdata.loading.recommendation import tune_json_path
+    from fastdata.measure.tune import format_trial, tune_loader, write_tune_json
 
     out = json_out or tune_json_path(path)
     _check_new(out, overwrite)

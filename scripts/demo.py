@@ -13,12 +13,12 @@ from torch.utils.data import DataLoader
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
-from fastdata import make_loader, open_dataset  # noqa: E402
-from fastdata.converters import find_images  # noqa: E402
-from fastdata.synthetic import make_imagefolder  # noqa: E402
-
 from _datasets import RawFolderDataset  # noqa: E402
 from _timing import measure_rate  # noqa: E402
+
+from fastdata import make_loader, open_dataset  # noqa: E402
+from fastdata.converters import find_images  # noqa: E402
+from fastdata.measure.synthetic import make_imagefolder  # noqa: E402
 
 DATA = os.path.join(REPO, "demo-data")
 SIZE, BATCH = 64, 256
@@ -58,7 +58,7 @@ def main():
         lambda: count_samples(DataLoader(folder, batch_size=BATCH)), repeats=1).samples_per_s}
     for name, path in packed.items():
         loader = make_loader(open_dataset(path), BATCH, shuffle=True)
-        rates[f"{name} (make_loader defaults)"] = measure_rate(lambda: count_samples(loader), repeats=3).samples_per_s
+        rates[f"{name} (make_loader defaults)"] = measure_rate(lambda loader=loader: count_samples(loader), repeats=3).samples_per_s
     baseline = next(iter(rates.values()))
     print(f"\n| {'method':<45} | {'samples/s':>10} | vs raw folder |")
     print(f"| {'-' * 45} | {'-' * 10} | ------------- |")

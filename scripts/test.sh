@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the test suite; extra arguments go to pytest.
+# Set up (scripts/setup.sh), lint, and run the whole test suite, slow smoke runs included;
+# extra arguments go to pytest. For the edit loop, plain `.venv/bin/pytest` skips the slow ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/ruff check .
+.venv/bin/python -m pytest -q -m "slow or not slow" "$@"

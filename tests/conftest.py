@@ -8,10 +8,19 @@ import shutil
 import signal
 
 import pytest
+from support import (
+    FORMATS,
+    NUM_CLASSES,
+    PER_CLASS,
+    SOURCE_SIZE,
+    STORAGES,
+    STORED_SIZE,
+    TEXT_NUM_UNSUP,
+    TEXT_PER_CLASS,
+)
 
-from fastdata import convert_imagefolder
-from fastdata.synthetic import make_imagefolder
-from helpers import FORMATS, NUM_CLASSES, PER_CLASS, SOURCE_SIZE, STORAGES, STORED_SIZE
+from fastdata import convert_imagefolder, convert_text
+from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
 
 @pytest.fixture(autouse=True)
@@ -69,3 +78,35 @@ def storage(request):
 def packed(packed_files, fmt, storage):
     """The session's packed file for every format x storage pair."""
     return packed_files(fmt, storage)
+
+
+# ---------------------------------------------------------------- text
+
+
+@pytest.fixture(scope="session")
+def text_corpus(tmp_path_factory):
+    """``root`` of an IMDB-like tree: train/neg, train/pos (12 reviews each), train/unsup (4); read-only."""
+    root = tmp_path_factory.mktemp("text") / "reviews"
+    make_text_corpus(root, per_class=TEXT_PER_CLASS, num_unsup=TEXT_NUM_UNSUP, seed=0)
+    return root
+
+
+@pytest.fixture(scope="session")
+def packed_text(text_corpus, tmp_path_factory):
+    """Return ``get(fmt) -> path`` of ``text_corpus/train`` converted once per session (words tokenizer)."""
+    folder = tmp_path_factory.mktemp("packed_text")
+    cache = {}
+
+    def get(fmt):
+        if fmt not in cache:
+            out = folder / f"reviews{FORMATS[fmt]}"
+            convert_text(text_corpus / "train", out, workers=1, progress=False)
+            cache[fmt] = out
+        return cache[fmt]
+
+    return get
+
+
+@pytest.fixture(params=list(FORMATS))
+def text_fmt(request):
+    return request.param

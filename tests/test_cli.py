@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from support import NUM_CLASSES, PER_CLASS, folder_listing, stored_images
 
 from fastdata.cli import main
 from fastdata.formats import read_packed
-from helpers import NUM_CLASSES, PER_CLASS, folder_listing, stored_images
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 

@@ -8,12 +8,12 @@ from functools import partial
 import numpy as np
 from PIL import Image
 
-from fastdata.converters._output import staged_output
-from fastdata.converters._parallel import ordered_map
+from fastdata.codecs.images import IMAGE_EXTENSIONS, ImageSpec, decode_jpeg, encode_jpeg, load_image
+from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.converters.staging import staged_output
 from fastdata.errors import SourceError
 from fastdata.formats import Columns, write_packed
-from fastdata.images import IMAGE_EXTENSIONS, ImageSpec, decode_jpeg, encode_jpeg, load_image
 
 STORAGE_MODES = ("raw", "jpeg")
 _OPEN_ROWS = {}  # staging file path -> np.memmap, per process (see NOTE [rows in place])

@@ -21,9 +21,11 @@ from functools import partial
 
 import numpy as np
 
-from fastdata.converters._output import staged_output
-from fastdata.converters._parallel import ordered_map
-from fastdata.converters._textsources import (
+from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
+from fastdata.converters.parallel import ordered_map
+from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.converters.staging import staged_output
+from fastdata.converters.textsources import (
     SOURCE_FORMATS,
     UNLABELED_FOLDER,
     find_texts,
@@ -31,10 +33,8 @@ from fastdata.converters._textsources import (
     resolve_labels,
     source_format_of,
 )
-from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
 from fastdata.errors import SourceError
 from fastdata.formats import Columns, write_packed
-from fastdata.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
 
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
 _REMAP_CHUNK = 1 << 24  # provisional ids rewritten this many at a time

@@ -12,8 +12,8 @@ import torch
 
 import fastdata
 from fastdata import HDF5Dataset, ProfiledLoader, ProfileReport, convert_imagefolder, make_loader
-from fastdata.profiler import WAIT_LABEL
-from fastdata.synthetic import make_imagefolder
+from fastdata.measure.profiler import WAIT_LABEL
+from fastdata.measure.synthetic import make_imagefolder
 
 WAIT = 0.02  # seconds the fake loader sleeps before each batch
 BODY = 0.04  # seconds the loop body sleeps

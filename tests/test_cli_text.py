@@ -3,11 +3,11 @@
 import os
 
 from click.testing import CliRunner
+from support import stored_sequences
 
 from fastdata import Tokenizer
 from fastdata.cli import main
-from fastdata.synthetic import make_reviews, write_text_file
-from text_fixtures import stored_sequences, text_corpus  # noqa: F401 (fixtures)
+from fastdata.measure.synthetic import make_reviews, write_text_file
 
 
 def run(*args):

@@ -3,6 +3,7 @@
 import os
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -13,6 +14,8 @@ STORED_SIZE = 32  # stored height and width
 
 FORMATS = {"hdf5": ".h5", "arrow": ".arrow"}
 STORAGES = ("raw", "jpeg")
+TEXT_PER_CLASS = 12  # reviews per class in the text corpus fixture
+TEXT_NUM_UNSUP = 4
 
 
 def folder_listing(folder):
@@ -50,8 +53,8 @@ def write_png_header(path, width, height):
 
 def stored_images(path):
     """Read every stored image of a packed file as uint8 ``[N, H, W, 3]`` (format layer only)."""
+    from fastdata.codecs.images import decode_jpeg
     from fastdata.formats import read_packed
-    from fastdata.images import decode_jpeg
 
     columns, metadata = read_packed(path)
     if metadata["storage"] == "raw":
@@ -65,7 +68,7 @@ def stored_images(path):
 
 def expected_images(root, relpaths, spec, storage, quality=90):
     """What a converter should store for ``relpaths``: load_image, and a JPEG round trip for jpeg."""
-    from fastdata.images import decode_jpeg, encode_jpeg, load_image
+    from fastdata.codecs.images import decode_jpeg, encode_jpeg, load_image
 
     images = []
     for relpath in relpaths:
@@ -74,6 +77,44 @@ def expected_images(root, relpaths, spec, storage, quality=90):
             pixels = decode_jpeg(encode_jpeg(pixels, quality))
         images.append(pixels)
     return np.stack(images)
+
+
+# ---------------------------------------------------------------- text
+
+
+def read_texts(root, relpaths):
+    """Return the text of each ``root/relpath``, read as the converter reads it."""
+    texts = []
+    for relpath in relpaths:
+        with open(os.path.join(root, relpath), encoding="utf-8-sig") as f:
+            texts.append(f.read())
+    return texts
+
+
+def stored_sequences(path):
+    """Return ``(list of int64 id arrays, labels int64 [N], metadata)`` through the format layer."""
+    from fastdata.formats import read_packed
+
+    columns, metadata = read_packed(path)
+    values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets)
+    sequences = [values[offsets[i] : offsets[i + 1]].astype(np.int64) for i in range(columns.num_samples)]
+    return sequences, np.asarray(columns.labels).copy(), metadata
+
+
+def train_hf_tokenizer(texts, path, model="wordlevel"):
+    """Train a tiny Hugging Face tokenizer on ``texts`` in memory and save it to ``path``."""
+    hf = pytest.importorskip("tokenizers")
+    if model == "bpe":
+        tokenizer = hf.Tokenizer(hf.models.BPE(unk_token="[UNK]"))
+        trainer = hf.trainers.BpeTrainer(vocab_size=400, special_tokens=["[PAD]", "[UNK]"])
+    else:
+        tokenizer = hf.Tokenizer(hf.models.WordLevel(unk_token="[UNK]"))
+        trainer = hf.trainers.WordLevelTrainer(min_frequency=2, special_tokens=["[PAD]", "[UNK]"])
+    tokenizer.normalizer = hf.normalizers.Lowercase()
+    tokenizer.pre_tokenizer = hf.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.save(os.fspath(path))
+    return path
 
 
 # ---------------------------------------------------------------- worker memory probes

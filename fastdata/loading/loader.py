@@ -28,9 +28,10 @@ from contextlib import closing
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.converters._parallel import default_workers
-from fastdata.samplers import BatchIndexSampler
-from fastdata.transport import SharedSlots, SlotBatch
+from fastdata._cpu import usable_cpus
+from fastdata.loading.recommendation import read_recommendation
+from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.transport import SharedSlots, SlotBatch
 
 
 def make_loader(
@@ -159,7 +160,7 @@ class BatchLoader:
             # core to the decoders: with a 5 ms sleep per step on 2 cores,
             # 64x64 JPEG lost 1.2% of the epoch decoding on both cores
             # against 10-14% with one core kept.
-            return {**self.read_options, "threads": max(1, default_workers() - 1)}
+            return {**self.read_options, "threads": max(1, usable_cpus() - 1)}
         return self.read_options
 
     def _read_ahead(self, batches, first=None):
@@ -346,8 +347,6 @@ def _as_is(batch):
 
 def _tuned_settings(dataset, prefetch_factor):
     """Return ``(num_workers, prefetch_factor)`` for ``num_workers="auto"`` (see NOTE [auto workers])."""
-    from fastdata.tune import read_recommendation  # on use only: tune pulls in the benchmark engine
-
     path = getattr(dataset, "path", None)
     tuned = read_recommendation(path) if path is not None else None
     if tuned is None:

@@ -7,14 +7,13 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from support import MB, ProbeMixin, growth_per_worker, stored_sequences
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from fastdata import BucketBatchSampler, HDF5Dataset, convert_text, make_loader, open_dataset
-from fastdata.samplers import BatchIndexSampler
-from fastdata.synthetic import make_text_corpus
-from helpers import MB, ProbeMixin, growth_per_worker
-from text_fixtures import packed_text, stored_sequences, text_corpus, text_fmt  # noqa: F401 (fixtures)
+from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.measure.synthetic import make_text_corpus
 
 START_METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
 

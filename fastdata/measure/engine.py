@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
+from fastdata._cpu import usable_cpus
 from fastdata._optional import optional
-from fastdata.converters._parallel import default_workers
 
 # ---------------------------------------------------------------- measuring
 
@@ -270,7 +270,7 @@ def describe_machine():
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
-        "usable_cpus": default_workers(),
+        "usable_cpus": usable_cpus(),
         "cpu_model": _cpu_model(),
         "ram_bytes": _ram_bytes(),
         "platform": platform.platform(),

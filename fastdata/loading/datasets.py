@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastdata.decoders import decoder_for
 from fastdata.formats import format_of
 from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
+from fastdata.loading.decoders import decoder_for
 
 
 class PackedDataset(Dataset):

@@ -9,13 +9,13 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from support import NUM_CLASSES, PER_CLASS, STORED_SIZE, expected_images
 from torch.utils.data import DataLoader
 
 from fastdata import ArrowDataset, HDF5Dataset, open_dataset
+from fastdata.codecs.images import ImageSpec
 from fastdata.converters import find_images
 from fastdata.errors import FormatError
-from fastdata.images import ImageSpec
-from helpers import NUM_CLASSES, PER_CLASS, STORED_SIZE, expected_images
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 CLASSES = {"hdf5": HDF5Dataset, "arrow": ArrowDataset}
@@ -219,7 +219,7 @@ def test_jpeg_decoders_agree(packed_files, monkeypatch):
     pytest.importorskip("simplejpeg")
     ds = open_dataset(packed_files("arrow", "jpeg"))
     fast = ds.read_batch(np.arange(NUM_SAMPLES))[0]
-    monkeypatch.setattr("fastdata.images._simplejpeg", None)
+    monkeypatch.setattr("fastdata.codecs.images._simplejpeg", None)
     assert torch.equal(ds.read_batch(np.arange(NUM_SAMPLES))[0], fast)
     assert torch.equal(ds[3][0], fast[3])
 

@@ -24,17 +24,15 @@ first trial always runs). A trial measures whole shuffled epochs (NOTE
 sized so that an epoch at the default settings takes a fraction of a trial.
 """
 
-import json
-import os
 import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
 
-from fastdata.bench import available_memory, describe_machine, measure_loader
-from fastdata.converters._parallel import default_workers
+from fastdata._cpu import usable_cpus
+from fastdata.loading.recommendation import file_identity
+from fastdata.measure.engine import available_memory, describe_machine, measure_loader
 
-TUNE_SUFFIX = ".tune.json"
 THRESHOLD = 0.05  # a setting must be this much faster to count as better
 BATCH_SIZES = (64, 128, 256, 512, 1024)
 PREFETCH_FACTORS = (2, 1, 4)  # in preference order: the default first
@@ -92,11 +90,6 @@ class TuneResult:
         return "\n".join([*lines, f"recommended: {self.call()}"])
 
 
-def tune_json_path(path):
-    """Return where ``tune_loader``'s result for ``path`` is saved by default: ``path + ".tune.json"``."""
-    return os.fspath(path) + TUNE_SUFFIX
-
-
 def format_trial(trial):
     """Return one line describing a measured trial."""
     rate = f"{trial['samples_per_s']:>12,.0f} samples/s ({trial['seconds']:.1f}s)"
@@ -133,14 +126,14 @@ def tune_loader(path, *, budget=60.0, max_workers=None, batch_size=None, on_tria
     """
     import torch
 
-    from fastdata.datasets import open_dataset
+    from fastdata.loading.datasets import open_dataset
 
     if not budget > 0:
         raise ValueError(f"budget should be a positive number of seconds, got budget={budget!r}")
     started = clock()
     dataset = open_dataset(path)
     cuda = torch.cuda.is_available()
-    max_workers = 2 * default_workers() if max_workers is None else max_workers
+    max_workers = 2 * usable_cpus() if max_workers is None else max_workers
     trial_seconds = min(max(budget / _TRIALS_PER_BUDGET, _TRIAL_SECONDS[0]), _TRIAL_SECONDS[1])
     num_samples = len(dataset) if measure is not None else _epoch_samples(dataset, trial_seconds)
     if measure is None:
@@ -291,8 +284,8 @@ class _LoaderTrials:
         self.trial_seconds, self.repeats = trial_seconds, repeats
 
     def __call__(self, settings, max_seconds):
-        from fastdata.loader import make_loader
-        from fastdata.samplers import BatchIndexSampler
+        from fastdata.loading.loader import make_loader
+        from fastdata.loading.samplers import BatchIndexSampler
 
         sampler = BatchIndexSampler(self.num_samples, settings["batch_size"], shuffle=True)
         options = {key: settings[key] for key in ("num_workers", "prefetch_factor", "pin_memory")}
@@ -305,8 +298,8 @@ class _LoaderTrials:
 
 def _epoch_samples(dataset, trial_seconds):
     """Return the samples of a trial epoch: one epoch at the defaults should take ~1/5 of a trial."""
-    from fastdata.loader import make_loader
-    from fastdata.samplers import BatchIndexSampler
+    from fastdata.loading.loader import make_loader
+    from fastdata.loading.samplers import BatchIndexSampler
 
     probe = min(len(dataset), 2048)
     loader = make_loader(dataset, batch_sampler=BatchIndexSampler(probe, DEFAULTS["batch_size"], shuffle=True),
@@ -336,56 +329,8 @@ def _fits_in_memory(dataset):
 # ---------------------------------------------------------------- the saved recommendation
 
 
-def file_identity(path, dataset=None):
-    """Return what identifies a packed file's contents: ``path``, ``size``, ``mtime_ns`` (and its shape)."""
-    stat = os.stat(path)
-    identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    if dataset is not None:
-        identity.update(num_samples=len(dataset), format=dataset.format, kind=dataset.kind, storage=dataset.storage)
-    return identity
-
-
 def write_tune_json(result, out):
     """Write ``result.to_dict()`` to ``out`` as JSON; return ``out``."""
-    from fastdata.bench import write_json
+    from fastdata.measure.engine import write_json
 
     return write_json(result.to_dict(), out)
-
-
-def read_recommendation(path):
-    """Return the settings saved by `fastdata tune` for the packed file ``path``, or None.
-
-    Reads ``path + ".tune.json"``. Returns None where it does not exist; where
-    it was recorded for different contents (another size or modification
-    time: the file was replaced, copied or re-converted) or cannot be read,
-    warns and returns None, so a recommendation never applies to another file.
-
-    Returns:
-        dict with ``batch_size``, ``num_workers``, ``prefetch_factor``, ``pin_memory``; or None.
-    """
-    tune_path = tune_json_path(path)
-    if not os.path.exists(tune_path):
-        return None
-    try:
-        with open(tune_path, encoding="utf-8") as f:
-            saved = json.load(f)
-        recorded, recommended = saved["file"], saved["recommended"]
-        current = file_identity(path)
-        same = all(recorded.get(key) == current[key] for key in ("size", "mtime_ns"))
-        valid = all(_is_count(recommended.get(key)) for key in ("num_workers", "prefetch_factor"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        warnings.warn(f"ignoring {tune_path!r}: cannot read it ({exc}); re-run \"fastdata tune\"", stacklevel=4)
-        return None
-    if not same:
-        warnings.warn(f"ignoring {tune_path!r}: it was recorded for a different {os.path.basename(path)!r} "
-                      "(size or modification time differ); re-run \"fastdata tune\"", stacklevel=4)
-        return None
-    if not valid:
-        warnings.warn(f"ignoring {tune_path!r}: num_workers and prefetch_factor should be non-negative integers; "
-                      "re-run \"fastdata tune\"", stacklevel=4)
-        return None
-    return recommended
-
-
-def _is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdata._cpu import usable_cpus
 from fastdata._optional import require
-from fastdata.baselines import PadCollate, PerItem, RawFolderDataset, RawTextDataset
-from fastdata.bench import check_count, describe_machine, markdown_table, measure_loader, measure_rate
-from fastdata.converters._parallel import default_workers
 from fastdata.errors import SourceError
+from fastdata.measure.baselines import PadCollate, PerItem, RawFolderDataset, RawTextDataset
+from fastdata.measure.engine import check_count, describe_machine, markdown_table, measure_loader, measure_rate
 
 
 @dataclass
@@ -53,7 +53,7 @@ def bench_file(path, *, batch_size=256, workers=(0, 2), repeats=3, min_seconds=0
         dict (JSON-serializable): ``rows`` of samples/s and what
         ``format_results`` needs; ratios are against the per-item row.
     """
-    from fastdata.datasets import open_dataset
+    from fastdata.loading.datasets import open_dataset
 
     started = time.perf_counter()
     dataset = open_dataset(path)
@@ -83,7 +83,7 @@ def bench_folder(root, *, size=64, batch_size=256, workers=(0, 2), repeats=3, mi
     Raises:
         SourceError: ``root`` is neither kind of folder.
     """
-    from fastdata.datasets import open_dataset
+    from fastdata.loading.datasets import open_dataset
 
     started = time.perf_counter()
     kind, paths, labels = _find_folder(root)
@@ -142,7 +142,7 @@ def _file_entry(path, dataset, convert_seconds):
 
 
 def _loader_rows(dataset, label, batch_size, workers):
-    from fastdata.loader import make_loader
+    from fastdata.loading.loader import make_loader
 
     key = f"{dataset.format}-{dataset.storage}"
     rows = [_Row(key, f"fastdata {label}: make_loader", "0 (defaults)",
@@ -171,7 +171,7 @@ def _contrast_rows(dataset, batch_size):
             rows.append(_Row("copy_limit", method, "1 thread", lambda: _copy_epochs(columns, batch_size), limit=True))
         else:
             method = "JPEG decode limit: decode_jpeg (as the loader) in a tight loop"
-            rows.append(_Row("decode_limit", method, f"{default_workers()} threads", lambda: _DecodeEpochs(columns),
+            rows.append(_Row("decode_limit", method, f"{usable_cpus()} threads", lambda: _DecodeEpochs(columns),
                              limit=True))
     return rows
 
@@ -183,7 +183,7 @@ def _raw_rows(kind, paths, labels, packed, size, batch_size, workers):
         dataset, collate = RawFolderDataset(paths, labels, size), None
         method = "raw folder: Pillow decode + Resize + CenterCrop per item, default collate"
     else:
-        from fastdata.tokenizers import Tokenizer
+        from fastdata.codecs.tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(packed.path)
         dataset, collate = RawTextDataset(paths, labels, tokenizer), PadCollate(tokenizer.pad_id)
@@ -217,12 +217,12 @@ class _DecodeEpochs:
 
     def __init__(self, columns):
         self._data, self._offsets = memoryview(np.asarray(columns.samples)), columns.offsets.tolist()
-        threads = default_workers()
+        threads = usable_cpus()
         self._edges = np.linspace(0, len(self._offsets) - 1, 4 * threads + 1).astype(int).tolist()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-bench")
 
     def _decode(self, start, stop):
-        from fastdata.images import decode_jpeg
+        from fastdata.codecs.images import decode_jpeg
 
         for index in range(start, stop):
             decode_jpeg(self._data[self._offsets[index] : self._offsets[index + 1]])

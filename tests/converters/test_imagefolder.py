@@ -10,13 +10,7 @@ import time
 
 import numpy as np
 import pytest
-
-import fastdata.converters.imagefolder as imagefolder
-from fastdata import ConversionReport, FastdataError, SampleError, SourceError, convert_imagefolder
-from fastdata.converters import find_images
-from fastdata.formats import read_packed
-from fastdata.images import ImageSpec
-from helpers import (
+from support import (
     FORMATS,
     NUM_CLASSES,
     PER_CLASS,
@@ -27,6 +21,12 @@ from helpers import (
     write_png_header,
     write_random_png,
 )
+
+import fastdata.converters.imagefolder as imagefolder
+from fastdata import ConversionReport, FastdataError, SampleError, SourceError, convert_imagefolder
+from fastdata.codecs.images import ImageSpec
+from fastdata.converters import find_images
+from fastdata.formats import read_packed
 
 SPEC = ImageSpec(STORED_SIZE, STORED_SIZE)
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -58,7 +58,7 @@ def test_round_trip_gives_back_load_image_pixels_and_labels(source_root, packed,
 
 
 def test_jpeg_storage_holds_the_reencoded_bytes(source_root, packed_files):
-    from fastdata.images import encode_jpeg, load_image
+    from fastdata.codecs.images import encode_jpeg, load_image
 
     _, relpaths, _ = find_images(source_root)
     columns, metadata = read_packed(packed_files("arrow", "jpeg"))

@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 import pytest
+from support import train_hf_tokenizer
 
 from fastdata import MissingDependencyError, Tokenizer
-from fastdata.tokenizers import PAD_TOKEN, UNK_TOKEN, pad_sequences, rank_vocabulary
-from text_fixtures import train_hf_tokenizer
+from fastdata.codecs.tokenizers import PAD_TOKEN, UNK_TOKEN, pad_sequences, rank_vocabulary
 
 TEXTS = [
     "A great film.<br /><br />I LOVED it, don't miss it!",

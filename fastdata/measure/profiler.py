@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from fastdata.loader import BatchLoader, WorkerLoader
+from fastdata.loading.loader import BatchLoader, WorkerLoader
 
 WAIT_LABEL = "fastdata.wait"  # the record_function label of every wait in a torch.profiler trace
 STARVING_ABOVE = 0.10

@@ -9,12 +9,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from support import FORMATS, MB, NUM_CLASSES, PER_CLASS, ProbeMixin, growth_per_worker, write_random_png
 from torch.utils.data import DataLoader
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
-from fastdata.loader import BatchLoader
-from fastdata.samplers import BatchIndexSampler
-from helpers import FORMATS, MB, NUM_CLASSES, PER_CLASS, ProbeMixin, growth_per_worker, write_random_png
+from fastdata.loading.loader import BatchLoader
+from fastdata.loading.samplers import BatchIndexSampler
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show
@@ -436,7 +436,7 @@ def spin(seconds):
 @pytest.mark.parametrize("step, leaves_a_core", [(time.sleep, False), (spin, True)])
 def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monkeypatch, step, leaves_a_core):
     # see NOTE [leave a core]: a loop waiting (as for a GPU) gets no core kept for it
-    monkeypatch.setattr("fastdata.loader.default_workers", lambda: 4)
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
     dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
     loader = make_loader(dataset, 2)
     for _ in range(3):

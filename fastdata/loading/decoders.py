@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from fastdata.converters._parallel import default_workers
+from fastdata._cpu import usable_cpus
+from fastdata.codecs.images import decode_jpeg, jpeg_decoder_into
 from fastdata.errors import FormatError
-from fastdata.images import decode_jpeg, jpeg_decoder_into
 
 
 class _ImageDecoder:
@@ -139,7 +139,7 @@ class JpegImageDecoder(_ImageDecoder):
                 raise self._damaged(indices[row], exc) from exc
 
         if threads is None:
-            threads = 1 if get_worker_info() is not None else default_workers()  # workers own a core each
+            threads = 1 if get_worker_info() is not None else usable_cpus()  # workers own a core each
         helpers = [self._helper_pool(threads - 1).submit(decode_rows) for _ in range(min(threads, len(starts)) - 1)]
         try:
             decode_rows()

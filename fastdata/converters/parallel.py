@@ -1,7 +1,6 @@
 """Ordered parallel map over worker processes, with a progress bar."""
 
 import multiprocessing
-import os
 import signal
 import threading
 from collections import deque
@@ -10,12 +9,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 from tqdm.auto import tqdm
 
+from fastdata._cpu import usable_cpus
 from fastdata.errors import FastdataError
-
-
-def default_workers():
-    """Number of CPU cores this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None):
@@ -24,7 +19,7 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
     The result does not depend on ``workers``. ``fn`` must be a picklable
     top-level function. A worker that dies raises FastdataError.
     """
-    workers = default_workers() if workers is None else workers
+    workers = usable_cpus() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers should be a positive integer, got workers={workers}")
     # Start worker processes before the progress bar starts its thread.

@@ -1,4 +1,4 @@
-"""fastdata.synthetic: photo-like JPEG folders for tests, demos and benchmarks."""
+"""fastdata.measure.synthetic: photo-like JPEG folders for tests, demos and benchmarks."""
 
 import os
 import pathlib
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from fastdata.converters import find_images
-from fastdata.synthetic import make_imagefolder, make_photo
+from fastdata.measure.synthetic import make_imagefolder, make_photo
 
 
 def test_make_imagefolder_writes_an_imagefolder_tree(tmp_path):

@@ -1,4 +1,4 @@
-"""fastdata.tune, `fastdata tune` and make_loader(num_workers="auto"): search logic on fake rates, never speed."""
+"""fastdata.measure.tune, `fastdata tune`, make_loader(num_workers="auto"): search logic on fake rates, not speed."""
 
 import json
 import os
@@ -9,16 +9,15 @@ import pytest
 from click.testing import CliRunner
 
 from fastdata import convert_imagefolder, make_loader, open_dataset
-from fastdata.bench import Rate, close_loader
 from fastdata.cli import main
-from fastdata.loader import BatchLoader, WorkerLoader
-from fastdata.synthetic import make_imagefolder
-from fastdata.tune import (
+from fastdata.loading.loader import BatchLoader, WorkerLoader
+from fastdata.loading.recommendation import read_recommendation, tune_json_path
+from fastdata.measure.engine import Rate, close_loader
+from fastdata.measure.synthetic import make_imagefolder
+from fastdata.measure.tune import (
     DEFAULTS,
     TuneResult,
-    read_recommendation,
     search,
-    tune_json_path,
     tune_loader,
     write_tune_json,
 )
@@ -285,7 +284,7 @@ def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
 
 
 def test_cli_tune_does_not_overwrite_without_flag(private, tmp_path, monkeypatch):
-    monkeypatch.setattr("fastdata.tune.tune_loader", lambda path, **options: tuned(path, {}))
+    monkeypatch.setattr("fastdata.measure.tune.tune_loader", lambda path, **options: tuned(path, {}))
     out = tmp_path / "t.json"
     assert run("tune", private, "--json", out).exit_code == 0
     again = run("tune", private, "--json", out)
@@ -301,7 +300,7 @@ def test_cli_tune_budget(private, tmp_path, monkeypatch, text, seconds):
         budgets.append(budget)
         return tuned(path, {})
 
-    monkeypatch.setattr("fastdata.tune.tune_loader", record)
+    monkeypatch.setattr("fastdata.measure.tune.tune_loader", record)
     result = run("tune", private, "--budget", text, "--json", tmp_path / "t.json")
     assert result.exit_code == 0, result.output
     assert budgets == [seconds]

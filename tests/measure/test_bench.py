@@ -1,4 +1,4 @@
-"""fastdata.bench, .baselines, .compare and `fastdata bench`: the measuring engine, baselines and results; never speed itself."""
+"""fastdata.measure: engine, baselines and `fastdata bench`; the results they report, never speed itself."""
 
 import json
 import os
@@ -10,13 +10,13 @@ import torch
 from click.testing import CliRunner
 
 from fastdata import convert_imagefolder, convert_text, make_loader, open_dataset
-from fastdata.baselines import PadCollate, RawFolderDataset, RawTextDataset
-from fastdata.bench import consume, measure_loader, measure_rate, memory_growth, process_memory
-from fastdata.compare import bench_file, format_results, results_table
 from fastdata.cli import main
+from fastdata.codecs.tokenizers import Tokenizer
 from fastdata.converters import find_images, find_texts
-from fastdata.synthetic import make_imagefolder, make_text_corpus
-from fastdata.tokenizers import Tokenizer
+from fastdata.measure.baselines import PadCollate, RawFolderDataset, RawTextDataset
+from fastdata.measure.bench import bench_file, format_results, results_table
+from fastdata.measure.engine import consume, measure_loader, measure_rate, memory_growth, process_memory
+from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
 QUICK = {"repeats": 1, "min_seconds": 0.01}
 

@@ -5,21 +5,11 @@ import os
 
 import numpy as np
 import pytest
+from support import FORMATS, TEXT_NUM_UNSUP, TEXT_PER_CLASS, read_texts, stored_sequences, train_hf_tokenizer
 
 from fastdata import SampleError, SourceError, Tokenizer, convert_text
 from fastdata.converters import find_texts
-from fastdata.synthetic import make_reviews, write_text_file
-from text_fixtures import (  # noqa: F401 (fixtures)
-    FORMATS,
-    NUM_UNSUP,
-    PER_CLASS,
-    packed_text,
-    read_texts,
-    stored_sequences,
-    text_corpus,
-    text_fmt,
-    train_hf_tokenizer,
-)
+from fastdata.measure.synthetic import make_reviews, write_text_file
 
 TEXTS, LABELS = make_reviews(16, seed=3)
 
@@ -45,8 +35,8 @@ def test_folder_round_trip_matches_the_tokenizer_applied_directly(packed_text, t
     np.testing.assert_array_equal(stored_labels, labels)
     assert classes == metadata["classes"] == ["neg", "pos"]
     assert metadata["kind"] == "text" and metadata["storage"] == "tokens"
-    assert metadata["sample_dtype"] == "uint16" and metadata["num_samples"] == 2 * PER_CLASS
-    assert metadata["class_counts"] == [PER_CLASS, PER_CLASS] and metadata["num_unlabeled"] == 0
+    assert metadata["sample_dtype"] == "uint16" and metadata["num_samples"] == 2 * TEXT_PER_CLASS
+    assert metadata["class_counts"] == [TEXT_PER_CLASS, TEXT_PER_CLASS] and metadata["num_unlabeled"] == 0
     lengths = metadata["lengths"]
     assert lengths["min"] <= lengths["p50"] <= lengths["p99"] <= lengths["max"]
     assert metadata["skipped"] == [] and metadata["unk_fraction"] == 0
@@ -55,8 +45,8 @@ def test_folder_round_trip_matches_the_tokenizer_applied_directly(packed_text, t
 def test_unsup_folder_is_optional_and_unlabeled(text_corpus, tmp_path):
     report = convert(text_corpus / "train", tmp_path / "all.h5", include_unsup=True)
     _, labels, metadata = stored_sequences(report.path)
-    assert report.num_samples == 2 * PER_CLASS + NUM_UNSUP
-    assert (labels == -1).sum() == NUM_UNSUP == metadata["num_unlabeled"]
+    assert report.num_samples == 2 * TEXT_PER_CLASS + TEXT_NUM_UNSUP
+    assert (labels == -1).sum() == TEXT_NUM_UNSUP == metadata["num_unlabeled"]
     assert metadata["classes"] == ["neg", "pos"]
 
 

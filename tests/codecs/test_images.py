@@ -1,4 +1,4 @@
-"""fastdata.images: the reference preprocessing (draft, EXIF, to_rgb, resize)."""
+"""fastdata.codecs.images: the reference preprocessing (draft, EXIF, to_rgb, resize)."""
 
 from types import SimpleNamespace
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from fastdata import images
-from fastdata.images import ImageSpec, decode_jpeg, encode_jpeg, load_image, resize, to_rgb
-from fastdata.synthetic import make_photo
+from fastdata.codecs import images
+from fastdata.codecs.images import ImageSpec, decode_jpeg, encode_jpeg, load_image, resize, to_rgb
+from fastdata.measure.synthetic import make_photo
 
 WHITE = (255, 255, 255)
 RED, GREEN, BLUE, BLACK = (255, 0, 0), (0, 255, 0), (0, 0, 255), (0, 0, 0)
@@ -389,10 +389,10 @@ def test_full_scale_jpegs_load_the_same_with_and_without_simplejpeg(tmp_path, mo
         tried.append(len(data))
         return simplejpeg.decode_jpeg(data, **options)
 
-    monkeypatch.setattr("fastdata.images._simplejpeg", SimpleNamespace(decode_jpeg=spy))
+    monkeypatch.setattr("fastdata.codecs.images._simplejpeg", SimpleNamespace(decode_jpeg=spy))
     fast = {name: load_image(path, spec) for name, path in paths.items()}
     assert len(tried) == len(paths)  # every one went to simplejpeg first (extra-bytes then to Pillow)
-    monkeypatch.setattr("fastdata.images._simplejpeg", None)
+    monkeypatch.setattr("fastdata.codecs.images._simplejpeg", None)
     for name, path in paths.items():
         assert np.array_equal(fast[name], load_image(path, spec)), name
     assert fast["rotated"].shape == (180, 180, 3) and not np.array_equal(fast["rotated"], fast["plain"])

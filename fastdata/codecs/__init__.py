@@ -1,0 +1,1 @@
+"""One sample <-> bytes or token ids, without torch: images (Pillow, simplejpeg) and tokenizers."""

@@ -1,0 +1,6 @@
+"""Measuring, built on fastdata.loading and fastdata.converters and never imported by them.
+
+engine (timed epochs, memory, machine), limits (copy and decode bounds),
+baselines (what a user would write without fastdata), bench (`fastdata bench`),
+tune (`fastdata tune`), profiler (`fastdata.profile`), synthetic (test data).
+"""
