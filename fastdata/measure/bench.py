@@ -4,8 +4,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,19 +11,10 @@ from fastdata._cpu import usable_cpus
 from fastdata._optional import require
 from fastdata.errors import SourceError
 from fastdata.measure.baselines import PadCollate, PerItem, RawFolderDataset, RawTextDataset
-from fastdata.measure.engine import check_count, describe_machine, markdown_table, measure_loader, measure_rate
+from fastdata.measure.engine import Row, describe_machine, markdown_table, measure_loader, measure_rate
+from fastdata.measure.limits import DecodeEpochs, copy_epochs
 
-
-@dataclass
-class _Row:
-    """One row to measure: ``build()`` returns a loader, or for a limit row a run_epoch callable."""
-
-    key: str
-    method: str
-    workers: str  # as shown: "0 (defaults)", "2 (persistent)", "2 threads"
-    build: object
-    memory: bool = False  # record the memory of the loader's worker processes
-    limit: bool = False
+# A row's ``build()`` returns a loader, or for a limit row an epoch function.
 
 
 def benchmark(target, *, batch_size=256, workers=(0, 2), repeats=3, min_seconds=0.25, size=64, progress=False):
@@ -145,10 +134,10 @@ def _loader_rows(dataset, label, batch_size, workers):
     from fastdata.loading.loader import make_loader
 
     key = f"{dataset.format}-{dataset.storage}"
-    rows = [_Row(key, f"fastdata {label}: make_loader", "0 (defaults)",
+    rows = [Row(key, f"fastdata {label}: make_loader", "0 (defaults)",
                  lambda: make_loader(dataset, batch_size, shuffle=True))]
     for count in sorted(set(workers) - {0}):
-        rows.append(_Row(f"{key}_workers{count}", f"fastdata {label}: make_loader", f"{count} (persistent)",
+        rows.append(Row(f"{key}_workers{count}", f"fastdata {label}: make_loader", f"{count} (persistent)",
                          lambda count=count: make_loader(dataset, batch_size, shuffle=True, num_workers=count),
                          memory=True))
     return rows
@@ -162,17 +151,18 @@ def _contrast_rows(dataset, batch_size):
 
     collate = PadCollate(dataset.metadata["tokenizer"]["pad_id"]) if dataset.kind == "text" else None
     method = f"stock DataLoader on {_file_label(dataset)}: dataset[i] per item, default collate"
-    rows = [_Row("per_item", method, "0",
+    rows = [Row("per_item", method, "0",
                  lambda: DataLoader(PerItem(dataset), batch_size, shuffle=True, collate_fn=collate))]
     if dataset.kind == "image":
         columns, _ = read_packed(dataset.path)
         if dataset.storage == "raw":
             method = "memcpy limit: np.take of sorted batches into a preallocated array, mode='clip'"
-            rows.append(_Row("copy_limit", method, "1 thread", lambda: _copy_epochs(columns, batch_size), limit=True))
+            rows.append(Row("copy_limit", method, "1 thread", lambda: copy_epochs(columns.samples, batch_size),
+                            limit=True))
         else:
             method = "JPEG decode limit: decode_jpeg (as the loader) in a tight loop"
-            rows.append(_Row("decode_limit", method, f"{usable_cpus()} threads", lambda: _DecodeEpochs(columns),
-                             limit=True))
+            rows.append(Row("decode_limit", method, f"{usable_cpus()} threads",
+                            lambda: DecodeEpochs(columns, usable_cpus()), limit=True))
     return rows
 
 
@@ -191,53 +181,11 @@ def _raw_rows(kind, paths, labels, packed, size, batch_size, workers):
     rows = []
     for count in sorted(set(workers) | {0}):
         label = "0" if count == 0 else f"{count} (persistent)"
-        rows.append(_Row(f"raw_folder_workers{count}" if count else "raw_folder", method, label,
+        rows.append(Row(f"raw_folder_workers{count}" if count else "raw_folder", method, label,
                          lambda count=count: DataLoader(dataset, batch_size, shuffle=True, num_workers=count,
                                                         collate_fn=collate, persistent_workers=count > 0),
                          memory=count > 0))
     return rows
-
-
-def _copy_epochs(columns, batch_size):
-    """Epochs of np.take of shuffled, sorted batches from the stored pixels into one array (no loader)."""
-    pixels = columns.samples
-    batches = _shuffled_batches(len(pixels), batch_size)
-    out = np.empty((batch_size, *pixels.shape[1:]), pixels.dtype)
-
-    def run_epoch():
-        for indices in batches:  # mode="clip" writes straight into out (see NOTE [np.take out] in benchmarks/)
-            np.take(pixels, indices, axis=0, out=out[: len(indices)], mode="clip")
-        return len(pixels)
-
-    return run_epoch
-
-
-class _DecodeEpochs:
-    """Epochs decoding every stored JPEG from the memory map on one thread per usable CPU."""
-
-    def __init__(self, columns):
-        self._data, self._offsets = memoryview(np.asarray(columns.samples)), columns.offsets.tolist()
-        threads = usable_cpus()
-        self._edges = np.linspace(0, len(self._offsets) - 1, 4 * threads + 1).astype(int).tolist()
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fastdata-bench")
-
-    def _decode(self, start, stop):
-        from fastdata.codecs.images import decode_jpeg
-
-        for index in range(start, stop):
-            decode_jpeg(self._data[self._offsets[index] : self._offsets[index + 1]])
-        return stop - start
-
-    def __call__(self):
-        return sum(self._pool.map(self._decode, self._edges[:-1], self._edges[1:]))
-
-    def close(self):
-        self._pool.shutdown()
-
-
-def _shuffled_batches(count, batch_size, seed=0):
-    order = np.random.default_rng(seed).permutation(count)
-    return [np.sort(order[i : i + batch_size]) for i in range(0, count, batch_size)]
 
 
 def _measure_rows(rows, repeats, min_seconds, expected, progress):
@@ -248,17 +196,15 @@ def _measure_rows(rows, repeats, min_seconds, expected, progress):
         if row.limit:
             run_epoch = row.build()
             try:
-                rate = measure_rate(run_epoch, repeats, min_seconds=min_seconds)
+                rate = measure_rate(run_epoch, repeats, min_seconds=min_seconds, expected=expected)
             finally:
                 getattr(run_epoch, "close", lambda: None)()
-            check_count(rate.samples_per_pass, expected * rate.epochs_per_pass)
         else:
             rate = measure_loader(row.build, repeats=repeats, min_seconds=min_seconds, expected=expected,
                                   memory=row.memory)
         if progress:
             print(f" {rate.samples_per_s:,.0f} samples/s", file=sys.stderr, flush=True)
-        measured.append({"key": row.key, "method": row.method, "workers": row.workers, "is_limit": row.limit,
-                         **rate.to_dict()})
+        measured.append(row.result(rate, is_limit=row.limit))
     return measured
 
 
@@ -291,8 +237,6 @@ def _sample_text(dataset):
     if dataset.kind == "text":
         return f"{dtype} token ids, variable length"
     return f"{dtype} [{', '.join(map(str, dataset.sample_shape))}], stored {dataset.storage}"
-
-
 
 
 # ---------------------------------------------------------------- reporting

@@ -54,7 +54,7 @@ class Rate:
         return asdict(self)
 
 
-def measure_rate(run_epoch, repeats, *, min_seconds=0.2, max_seconds=None):
+def measure_rate(run_epoch, repeats, *, min_seconds=0.2, max_seconds=None, expected=None):
     """Time ``run_epoch`` (which returns the number of samples it consumed); see NOTE [whole epochs].
 
     Args:
@@ -63,32 +63,66 @@ def measure_rate(run_epoch, repeats, *, min_seconds=0.2, max_seconds=None):
         min_seconds: target duration of one timed pass.
         max_seconds: take no further pass once this long has gone since the
             start (the warm-up included); at least one pass is always taken.
+        expected: samples one epoch must yield.
 
     Returns:
         Rate.
 
     Raises:
-        RuntimeError: an epoch consumed a different number of samples.
+        RuntimeError: an epoch consumed a different number of samples (than the first, or ``expected``).
     """
     started = time.perf_counter()
-    expected = run_epoch()
+    per_epoch = run_epoch()
     warmup = time.perf_counter() - started
-    epoch_seconds = warmup
-    if warmup < min_seconds:  # the warm-up may include start-up costs; time a steady epoch
-        began = time.perf_counter()
-        check_count(run_epoch(), expected)
-        epoch_seconds = time.perf_counter() - began
-    epochs = max(1, math.ceil(min_seconds / max(epoch_seconds, 1e-9)))
+    if expected is not None and per_epoch != expected:
+        raise RuntimeError(f"an epoch gave {per_epoch} samples, expected {expected}; the loader is wrong")
+    epochs = _epochs_per_pass(run_epoch, per_epoch, min_seconds, warmup)
     rates = []
     for _ in range(max(1, repeats)):
-        began = time.perf_counter()
-        consumed = sum(run_epoch() for _ in range(epochs))
-        seconds = time.perf_counter() - began
-        check_count(consumed, expected * epochs)
-        rates.append(consumed / seconds)
+        rates.append(_timed_pass(run_epoch, epochs, per_epoch))
         if max_seconds is not None and time.perf_counter() - started >= max_seconds:
             break
-    return Rate(statistics.median(rates), rates, expected * epochs, epochs, warmup)
+    return Rate(statistics.median(rates), rates, per_epoch * epochs, epochs, warmup)
+
+
+def interleaved_rates(run_epochs, rounds, min_seconds):
+    """Time ``run_epochs`` (name -> epoch function) in turn, ``rounds`` times; return name -> samples/s per round.
+
+    NOTE [interleaved rates]: this VM's speed drifts by up to a third over
+    seconds (the same loader measured 75k and 110k img/s a few seconds
+    apart, in one process), so two rates measured minutes apart give a
+    ratio that is mostly drift. Passes of each method taken in turn, a
+    fraction of a second each, see the same machine; the ratio of a round's
+    rates is then the comparison. Each method is warmed up once first.
+    """
+    passes = {}
+    for name, run_epoch in run_epochs.items():
+        per_epoch = run_epoch()  # warm-up
+        passes[name] = (_epochs_per_pass(run_epoch, per_epoch, min_seconds, warmup=0.0), per_epoch)
+    rates = {name: [] for name in run_epochs}
+    for _ in range(rounds):
+        for name, run_epoch in run_epochs.items():
+            rates[name].append(_timed_pass(run_epoch, *passes[name]))
+    return rates
+
+
+def _epochs_per_pass(run_epoch, per_epoch, min_seconds, warmup):
+    """Return how many epochs make a pass of ``min_seconds``, timing a steady epoch unless the warm-up was long."""
+    seconds = warmup
+    if warmup < min_seconds:  # the warm-up may include start-up costs; time a steady epoch
+        began = time.perf_counter()
+        check_count(run_epoch(), per_epoch)
+        seconds = time.perf_counter() - began
+    return max(1, math.ceil(min_seconds / max(seconds, 1e-9)))
+
+
+def _timed_pass(run_epoch, epochs, per_epoch):
+    """Run ``epochs`` epochs; return their samples/s, checking that each pass consumed ``per_epoch`` per epoch."""
+    began = time.perf_counter()
+    consumed = sum(run_epoch() for _ in range(epochs))
+    seconds = time.perf_counter() - began
+    check_count(consumed, per_epoch * epochs)
+    return consumed / seconds
 
 
 def check_count(consumed, expected):
@@ -124,25 +158,23 @@ def measure_loader(make_iterable, *, repeats=3, min_seconds=0.2, max_seconds=Non
         return count
 
     try:
-        rate = measure_rate(run_epoch, repeats, min_seconds=min_seconds, max_seconds=max_seconds)
+        rate = measure_rate(run_epoch, repeats, min_seconds=min_seconds, max_seconds=max_seconds, expected=expected)
         if memory:
             rate.worker_memory = memory_growth(snapshots[0], worker_memory(loader))
     finally:
         close_loader(loader)
-    if expected is not None and rate.samples_per_pass != expected * rate.epochs_per_pass:
-        epoch = rate.samples_per_pass // rate.epochs_per_pass
-        raise RuntimeError(f"an epoch gave {epoch} samples, expected {expected}; the loader is wrong")
     return rate
 
 
-def consume(loader):
+def consume(loader, key=None):
     """Iterate one epoch as a training loop does, touching every batch; return the samples seen.
 
     Each batch stays alive until the next one arrives, as in ``for images, labels in loader``.
+    The samples are ``batch[key]`` where ``key`` is given (a dict batch), else the first tensor.
     """
     count = 0
     for batch in loader:
-        first = batch[0] if isinstance(batch, (tuple, list)) else batch
+        first = batch[key] if key is not None else batch[0] if isinstance(batch, (tuple, list)) else batch
         count += len(first)
         touch(first)
     return count
@@ -166,33 +198,53 @@ def close_loader(loader):
 
 # ---------------------------------------------------------------- memory per worker
 
+# NOTE [worker memory]: a worker's USS (private pages) grows for two
+# different reasons. Copy-on-write copies of the parent's heap (Python
+# objects whose reference counts the worker touches) and new allocations are
+# private *dirty* pages: memory the worker really costs. Pages of a memory-
+# mapped file that only this worker has touched are private *clean* pages:
+# the page cache, shared with the kernel, dropped under memory pressure at no
+# cost. So a reading records USS and PSS as usual, and also private dirty
+# (``Private_Dirty`` of /proc/PID/smaps_rollup) and the file-backed share of
+# PSS (``pss_file``).
 
-_SMAPS_FIELDS = {"Rss": "rss", "Pss": "pss", "Private_Clean": "private_clean", "Private_Dirty": "private_dirty"}
+_SMAPS_FIELDS = {  # smaps_rollup line -> key
+    "Rss": "rss",
+    "Pss": "pss",
+    "Pss_Anon": "pss_anon",
+    "Pss_File": "pss_file",
+    "Pss_Shmem": "pss_shmem",
+    "Private_Clean": "private_clean",
+    "Private_Dirty": "private_dirty",
+    "Swap": "swap",
+}
 _MEMORY_KEYS = ("uss", "pss", "rss", "private_dirty")
+_HELPERS = ("resource_tracker", "forkserver")  # multiprocessing's own processes, not workers
 
 
 def process_memory(pid):
-    """Return the memory of process ``pid`` in bytes, or None where it cannot be read.
+    """Return the memory of process ``pid`` in bytes (see NOTE [worker memory]), or None where it cannot be read.
 
-    Keys: ``uss`` (pages only this process maps), ``pss`` (each shared page
-    split among the processes mapping it), ``rss`` and ``private_dirty``:
-    the private pages it wrote (copy-on-write copies, allocations), what a
-    worker really costs; its private clean pages are page cache of memory-
-    mapped files, dropped under pressure. Read from ``/proc/<pid>/smaps_rollup``
-    (Linux 4.14+), else with psutil (``private_dirty`` None).
+    Keys: ``uss`` (pages only this process maps: private clean + private
+    dirty), ``pss`` (each shared page split among the processes mapping it),
+    ``rss``, ``private_dirty`` (the pages it wrote: what a worker really
+    costs), and where the kernel gives them ``private_clean``, ``pss_anon``,
+    ``pss_file``, ``pss_shmem`` and ``swap``. Read from
+    ``/proc/<pid>/smaps_rollup`` (Linux 4.14+), else with psutil
+    (``private_dirty`` None).
     """
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             lines = f.read().splitlines()[1:]  # the first line names the address range
     except OSError:
         return _psutil_memory(pid)
-    found = dict.fromkeys(_SMAPS_FIELDS.values())
+    found = dict.fromkeys(("rss", "pss", "private_clean", "private_dirty"))
     for line in lines:
         name, _, rest = line.partition(":")
         if name in _SMAPS_FIELDS:
             found[_SMAPS_FIELDS[name]] = int(rest.split()[0]) * 1024  # "Rss:  1764 kB"
-    clean, dirty = found.pop("private_clean"), found["private_dirty"]
-    return {"uss": None if None in (clean, dirty) else clean + dirty, **found}
+    clean, dirty = found["private_clean"], found["private_dirty"]
+    return {**found, "uss": None if None in (clean, dirty) else clean + dirty}
 
 
 def _psutil_memory(pid):
@@ -203,7 +255,8 @@ def _psutil_memory(pid):
         info = psutil.Process(pid).memory_full_info()
     except (psutil.Error, OSError):
         return None
-    return {"uss": info.uss, "pss": getattr(info, "pss", None), "rss": info.rss, "private_dirty": None}
+    return {"uss": info.uss, "pss": getattr(info, "pss", None), "rss": info.rss, "private_dirty": None,
+            "swap": getattr(info, "swap", None)}
 
 
 def worker_pids(loader):
@@ -212,14 +265,79 @@ def worker_pids(loader):
     return [worker.pid for worker in workers if worker.is_alive()]
 
 
-def worker_memory(loader):
+def child_pids():
+    """Return the pids of this process's direct children, leaving out multiprocessing's helpers."""
+    psutil = optional("psutil")
+    if psutil is None:
+        return _child_pids_proc()
+    pids = []
+    for child in psutil.Process().children():
+        try:
+            if not any(helper in " ".join(child.cmdline()) for helper in _HELPERS):
+                pids.append(child.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def _child_pids_proc():
+    me, pids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4, after "(comm)"
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == me:
+                pids.append(int(entry))
+    return pids
+
+
+def worker_memory(loader, keys=_MEMORY_KEYS):
     """Return ``[{"pid", "uss", "pss", "rss", "private_dirty"}]`` of each live worker of ``loader`` (bytes)."""
-    unknown = dict.fromkeys(_MEMORY_KEYS)
-    return [{"pid": pid, **(process_memory(pid) or unknown)} for pid in worker_pids(loader)]
+    return memory_snapshot(worker_pids(loader), keys)
 
 
-def memory_growth(before, after):
-    """Compare two ``worker_memory`` snapshots of the same workers.
+def memory_snapshot(pids, keys=None):
+    """Return ``[{"pid", **process_memory(pid)}]`` for ``pids`` (only ``keys`` where given; None where unknown)."""
+    snapshot = []
+    for pid in pids:
+        reading = process_memory(pid) or {}
+        snapshot.append({"pid": pid, **(reading if keys is None else {key: reading.get(key) for key in keys})})
+    return snapshot
+
+
+class ChildMemory:
+    """Read the memory of this process's children after the warm-up epoch of ``wrap``'s function and at the end.
+
+    For epoch functions that hide their loader (or start processes of their
+    own): ``wrap(run_epoch)`` returns an epoch function for ``measure_rate``
+    whose first call is followed by a reading of every child process;
+    ``growth()`` reads the same processes again and compares.
+    """
+
+    def __init__(self):
+        self._pids, self._before = [], None
+
+    def wrap(self, run_epoch):
+        def epoch():
+            count = run_epoch()
+            if self._before is None:
+                self._pids = child_pids()
+                self._before = memory_snapshot(self._pids)
+            return count
+
+        return epoch
+
+    def growth(self, keys=("uss", "pss", "private_dirty")):
+        """Return ``memory_growth`` over ``keys`` of the children still running, over the timed passes."""
+        after = [entry for entry in memory_snapshot(self._pids) if entry.get("uss") is not None]
+        return memory_growth(self._before or [], after, keys)
+
+
+def memory_growth(before, after, keys=_MEMORY_KEYS):
+    """Compare two ``memory_snapshot`` readings of the same processes over ``keys``.
 
     Returns:
         dict: ``workers``, per worker its ``pid``, the ``after`` values and
@@ -231,9 +349,9 @@ def memory_growth(before, after):
     workers = []
     for entry in after:
         first = start.get(entry["pid"], {})
-        workers.append({**entry, **{f"{k}_growth": _minus(entry[k], first.get(k)) for k in _MEMORY_KEYS}})
-    keys = [*_MEMORY_KEYS, *(f"{key}_growth" for key in _MEMORY_KEYS)]
-    return {"workers": workers, **{f"mean_{key}": _mean(w[key] for w in workers) for key in keys}}
+        workers.append({**entry, **{f"{k}_growth": _minus(entry.get(k), first.get(k)) for k in keys}})
+    keys = [*keys, *(f"{key}_growth" for key in keys)]
+    return {"workers": workers, **{f"mean_{key}": _mean(w.get(key) for w in workers) for key in keys}}
 
 
 def _minus(a, b):
@@ -327,6 +445,28 @@ def _git(folder, *args):
 
 
 # ---------------------------------------------------------------- reporting
+
+
+@dataclass
+class Row:
+    """One measured method: its key, what it is, its workers as shown, and how to build it.
+
+    ``build`` is the caller's: a loader factory in `fastdata bench`, a
+    picklable factory of epoch functions in benchmarks/ (rows travel to
+    fresh processes there). ``kind`` groups rows a caller treats alike.
+    """
+
+    key: str
+    method: str
+    workers: str  # as shown: "0 (defaults)", "2 (persistent)", "2 threads"
+    build: object = None
+    kind: str = ""
+    memory: bool = False  # record the memory of the worker processes
+    limit: bool = False  # a limit row (see limits.py), not a loader
+
+    def result(self, rate, **more):
+        """Return this row's line of results: key, method, workers, ``more``, then the Rate's fields."""
+        return {"key": self.key, "method": self.method, "workers": self.workers, **more, **rate.to_dict()}
 
 
 def markdown_table(headers, rows, align=None):

@@ -1,0 +1,151 @@
+"""The limits a loader is measured against: the stored samples copied, or the stored JPEGs decoded, with no loader.
+
+Each limit is an epoch function for ``engine.measure_rate``: it does the
+loader's unavoidable work over every stored sample once and returns how
+many samples it covered. `fastdata bench` and benchmarks/ use the same ones.
+
+NOTE [np.take out]: with ``out=`` and the default ``mode="raise"``, numpy
+takes into a temporary and then copies it into ``out`` (so ``out`` is
+untouched on an IndexError): twice the memory traffic. ``mode="clip"``
+writes straight into ``out``.
+"""
+
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import numpy as np
+
+_HELD = None  # (data, offsets) of the stored JPEGs in a decode-pool process
+
+
+def shuffled_batches(count, batch_size, seed=0):
+    """Return the sorted int64 index batches of one shuffled epoch of ``count`` samples."""
+    order = np.random.default_rng(seed).permutation(count)
+    return [np.sort(order[i : i + batch_size]) for i in range(0, count, batch_size)]
+
+
+def copy_epochs(samples, batch_size, *, mode="clip", seed=0):
+    """Return an epoch function copying shuffled, sorted batches of fixed-size ``samples`` (e.g. a memmap).
+
+    Args:
+        samples: ``[N, ...]`` array of stored samples.
+        mode: ``np.take`` mode into one preallocated batch array ("clip" or
+            "raise", see NOTE [np.take out]); None takes into a fresh array
+            per batch, alive until the next one, as in a loader loop.
+    """
+    batches = shuffled_batches(len(samples), batch_size, seed)
+    out = np.empty((batch_size, *samples.shape[1:]), samples.dtype)
+
+    def copy_into():
+        for indices in batches:
+            np.take(samples, indices, axis=0, out=out[: len(indices)], mode=mode)
+        return len(samples)
+
+    def copy_fresh():
+        count = 0
+        for indices in batches:
+            images = np.take(samples, indices, axis=0)
+            count += len(images)
+        return count
+
+    return copy_fresh if mode is None else copy_into
+
+
+def token_copy_epochs(values, offsets, batch_size, max_length, *, contiguous=False, seed=0):
+    """Return an epoch function copying each shuffled batch's stored token ids (ragged ``values``/``offsets``).
+
+    Row by row into a preallocated ``[batch_size, max_length]`` array (no
+    padding fill, no widening); with ``contiguous``, as many bytes per batch
+    in one contiguous slice instead (random samples cannot be read that way:
+    for scale only).
+    """
+    values, offsets = np.asarray(values), np.asarray(offsets)
+    batches = shuffled_batches(len(offsets) - 1, batch_size, seed)
+    out = np.zeros((batch_size, max_length), values.dtype)
+    flat = out.reshape(-1)
+
+    def copy_rows():
+        for indices in batches:
+            starts, stops = offsets[indices].tolist(), offsets[indices + 1].tolist()
+            for row, (start, stop) in enumerate(zip(starts, stops)):
+                out[row, : stop - start] = values[start:stop]
+        return len(offsets) - 1
+
+    def copy_slices():
+        for indices in batches:
+            count = int((offsets[indices + 1] - offsets[indices]).sum())
+            start = int(offsets[indices[0]]) % max(1, len(values) - count)
+            flat[:count] = values[start : start + count]
+        return len(offsets) - 1
+
+    return copy_slices if contiguous else copy_rows
+
+
+class DecodeEpochs:
+    """Epochs decoding every stored JPEG with ``decode_jpeg`` (as the loader does), on threads or processes.
+
+    The JPEGs are read from ``columns`` (``samples`` bytes and ``offsets``,
+    e.g. a memory map) where they lie; processes are forked where possible,
+    so they inherit the mapping rather than a copy. Call the object for one
+    epoch; ``close()`` (or leaving a ``with`` block) stops the pool.
+
+    Args:
+        columns: the jpeg-storage columns of a packed file.
+        workers: threads (or processes) decoding at once.
+        processes: decode on a process pool instead of threads.
+    """
+
+    def __init__(self, columns, workers, *, processes=False):
+        data, offsets = memoryview(np.asarray(columns.samples)), np.asarray(columns.offsets).tolist()
+        self._ranges = _split_ranges(len(offsets) - 1, 4 * workers)
+        if processes:
+            methods = multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if "fork" in methods else None)
+            self._pool = context.Pool(workers, initializer=_hold, initargs=(data, offsets))
+            self._decode = _decode_held
+        else:
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fastdata-decode")
+            self._decode = partial(_decode, data, offsets)
+
+    def __call__(self):
+        return sum(self._pool.map(self._decode, self._ranges))
+
+    def close(self):
+        if isinstance(self._pool, ThreadPoolExecutor):
+            self._pool.shutdown()
+        else:
+            self._pool.terminate()
+            self._pool.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+        return False
+
+
+def _hold(data, offsets):
+    global _HELD
+    _HELD = (data, offsets)
+
+
+def _decode_held(bounds):
+    return _decode(*_HELD, bounds)
+
+
+def _decode(data, offsets, bounds):
+    """Decode the stored JPEGs ``start`` to ``stop`` of ``bounds``; return how many."""
+    from fastdata.codecs.images import decode_jpeg
+
+    start, stop = bounds
+    for index in range(start, stop):
+        decode_jpeg(data[offsets[index] : offsets[index + 1]])
+    return stop - start
+
+
+def _split_ranges(count, parts):
+    """Return at most ``parts`` contiguous non-empty ``(start, stop)`` ranges covering ``range(count)``."""
+    edges = np.linspace(0, count, parts + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
