@@ -89,12 +89,8 @@ class PackedDataset(Dataset):
         *samples, labels = self.read_batch(indices[order])
         caller = np.empty_like(order)
         caller[order] = np.arange(len(order))
-        unbatch = getattr(self._decoder, "unbatch", None)  # text: padded [B, T] -> 1-D items
-        if unbatch is not None:
-            samples = [unbatch(*samples)]
-        if len(samples) == 1:
-            return [(samples[0][i], int(labels[i])) for i in caller]
-        return [(tuple(part[i] for part in samples), int(labels[i])) for i in caller]
+        items = self._decoder.unbatch(*samples)  # e.g. text: padded [B, T] -> 1-D items
+        return [(items[i], int(labels[i])) for i in caller]
 
     def read_batch(self, indices, pin_memory=False, **options):
         """Read a batch in one pass; return ``(*samples, labels int64 [B])``.
@@ -116,10 +112,14 @@ class PackedDataset(Dataset):
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
         return (*samples, torch.from_numpy(columns.labels[indices]))
 
-    def max_batch_bytes(self, batch_size):
-        """Return an upper bound of the bytes in one batch (labels included), or None."""
-        sample_bytes = decoder_for(self.metadata, self.path).max_batch_bytes(batch_size)
-        return None if sample_bytes is None else sample_bytes + 8 * batch_size + 256
+    @property
+    def read_options(self):
+        """Names of the keyword options ``read_batch`` takes for this file, e.g. ``("pad_to",)``."""
+        return decoder_for(self.metadata, self.path).read_options
+
+    def max_batch_bytes(self, batch_size, **options):
+        """Return the most bytes of a ``read_batch`` of ``batch_size`` samples with ``options`` (labels included)."""
+        return decoder_for(self.metadata, self.path).max_batch_bytes(batch_size, **options) + 8 * batch_size
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):

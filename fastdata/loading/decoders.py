@@ -1,14 +1,10 @@
-"""Turn stored rows into tensors: one decoder per kind of packed file.
+"""Turn stored rows into tensors: one Decoder subclass per kind of packed file."""
 
-A decoder reads from the ``Columns`` of an open file. ``item`` returns one
-sample as the per-item path sees it; ``batch`` reads a whole batch at once
-and returns a tuple of tensors (without the labels). Both give the same
-values for the same sample; tests check it.
-"""
-
+import abc
 import itertools
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -20,14 +16,51 @@ from fastdata.codecs.images import decode_jpeg, jpeg_decoder_into
 from fastdata.errors import FormatError
 
 
-class _ImageDecoder:
+class Decoder(abc.ABC):
+    """Turn the stored rows of one ``(kind, storage)`` of packed file into tensors.
+
+    A decoder reads the ``Columns`` of an open file (``samples``, ``offsets``,
+    ``labels``). ``item`` and ``batch`` give the same values for the same
+    sample, and ``unbatch`` turns a batch back into those items;
+    DecoderContract in tests/loading checks every decoder against this.
+
+    Attributes:
+        read_options: names of the keyword options ``batch`` takes besides
+            ``pin_memory``; ``read_batch`` passes them on, and make_loader
+            sets only the ones a decoder names.
+    """
+
+    read_options: tuple[str, ...] = ()
+
+    def __init__(self, metadata: dict, path: str):
+        self.path = path
+
+    @abc.abstractmethod
+    def item(self, columns, index: int) -> torch.Tensor:
+        """Return sample ``index`` read on its own."""
+
+    @abc.abstractmethod
+    def batch(self, columns, indices: np.ndarray, pin_memory: bool = False, **options) -> tuple[torch.Tensor, ...]:
+        """Return the samples at int64 ``indices`` (checked, in range) as a tuple of batch tensors."""
+
+    def unbatch(self, *samples: torch.Tensor) -> Sequence[torch.Tensor]:
+        """Return the items of a batch, one per row, equal to what ``item`` gives (default: the rows of one tensor)."""
+        (batch,) = samples
+        return batch
+
+    @abc.abstractmethod
+    def max_batch_bytes(self, batch_size: int, **options) -> int:
+        """Return the most bytes ``batch`` returns for ``batch_size`` samples with these read options."""
+
+
+class _ImageDecoder(Decoder):
     """Shared by image decoders: every sample is uint8 ``[3, H, W]``."""
 
     def __init__(self, metadata, path):
+        super().__init__(metadata, path)
         self.sample_shape = tuple(metadata["sample_shape"])
-        self.path = path
 
-    def max_batch_bytes(self, batch_size):
+    def max_batch_bytes(self, batch_size, **options):
         return batch_size * int(np.prod(self.sample_shape))
 
 
@@ -90,6 +123,8 @@ class JpegImageDecoder(_ImageDecoder):
     at 64x64 (convolutions on GPU prefer this layout; ``.contiguous()`` gives
     NCHW strides where a model needs them).
     """
+
+    read_options = ("threads",)
 
     def __init__(self, metadata, path):
         super().__init__(metadata, path)
@@ -159,7 +194,7 @@ class JpegImageDecoder(_ImageDecoder):
         return self._pool
 
 
-class TokenDecoder:
+class TokenDecoder(Decoder):
     """Token ids stored ragged (flat values + offsets): 1-D int64 items, padded batches.
 
     NOTE [token padding]: a batch is copied row by row, one slice per sample,
@@ -171,12 +206,16 @@ class TokenDecoder:
     large as the batch, which costs more than 256 slice copies.
     """
 
+    read_options = ("pad_to",)
+
     def __init__(self, metadata, path):
+        super().__init__(metadata, path)
         self.pad_id = int(metadata["tokenizer"]["pad_id"])
         self.max_length = int(metadata["lengths"]["max"])
 
-    def max_batch_bytes(self, batch_size):
-        return batch_size * 8 * (self.max_length + 1)  # tokens [B, T] and lengths [B], int64
+    def max_batch_bytes(self, batch_size, pad_to=None):
+        width = self.max_length if pad_to is None else pad_to
+        return batch_size * 8 * (width + 1)  # tokens [B, T] and lengths [B], int64
 
     def item(self, columns, index):
         values = np.asarray(columns.samples)[columns.offsets[index] : columns.offsets[index + 1]]
@@ -208,7 +247,7 @@ DECODERS = {
 }
 
 
-def decoder_for(metadata, path):
+def decoder_for(metadata: dict, path: str) -> Decoder:
     """Return a new decoder for a file's metadata; raise FormatError if unknown."""
     key = (metadata.get("kind"), metadata.get("storage"))
     if key not in DECODERS:

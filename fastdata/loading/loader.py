@@ -23,39 +23,42 @@ NOTE [in-process default]).
 import queue
 import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from fastdata._cpu import usable_cpus
+from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.recommendation import read_recommendation
-from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.samplers import BatchIndexSampler, EpochSampler
 from fastdata.loading.transport import SharedSlots, SlotBatch
 
 
 def make_loader(
-    dataset,
-    batch_size=256,
+    dataset: PackedDataset,
+    batch_size: int = 256,
     *,
-    shuffle=False,
-    seed=0,
-    drop_last=False,
-    num_workers=0,
-    pin_memory=None,
-    prefetch_factor=None,
-    persistent_workers=True,
-    multiprocessing_context=None,
-    pad_to=None,
-    batch_sampler=None,
-):
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_last: bool = False,
+    num_workers: int | str = 0,
+    pin_memory: bool | None = None,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = True,
+    multiprocessing_context: str | None = None,
+    pad_to: int | None = None,
+    batch_sampler: Iterable | None = None,
+) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
     On a text file it yields ``(tokens int64 [B, T], lengths int64 [B],
     labels int64 [B])``, tokens padded with the file's pad id.
 
     Args:
-        dataset: an HDF5Dataset or ArrowDataset (anything with ``read_batch``).
+        dataset: an HDF5Dataset or ArrowDataset (or a subclass).
         batch_size: samples per batch.
         shuffle: a new seeded permutation each epoch.
         seed: base seed of the permutations.
@@ -73,12 +76,19 @@ def make_loader(
         multiprocessing_context: start method for workers ("fork", "spawn", ...).
         pad_to: text only: pad (and cut) every batch to this many tokens;
             default: to the longest sample of each batch.
-        batch_sampler: yields each batch's int64 indices, e.g. a
-            BucketBatchSampler; replaces batch_size, shuffle, seed, drop_last.
+        batch_sampler: any iterable of index batches, iterated once per
+            epoch: a BucketBatchSampler, a list of lists, a torch
+            BatchSampler (see NOTE [epoch protocol] in samplers.py);
+            replaces batch_size, shuffle, seed, drop_last.
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset`` and ``sampler``:
         a WorkerLoader (a ``torch.utils.data.DataLoader``) when ``num_workers > 0``.
+
+    Raises:
+        TypeError: ``dataset`` is not a fastdata dataset, or ``batch_sampler``
+            not an iterable of index batches.
+        ValueError: a bad option value.
 
     Example:
         >>> loader = make_loader(HDF5Dataset("train.h5"), batch_size=256, shuffle=True)
@@ -91,24 +101,25 @@ def make_loader(
         raise ValueError(f"num_workers should be a non-negative integer or 'auto', got num_workers={num_workers!r}")
     if not isinstance(prefetch_factor, int) or prefetch_factor < 0:
         raise ValueError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
-    if not hasattr(dataset, "read_batch"):
-        raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
+    if not isinstance(dataset, PackedDataset):
+        raise TypeError(
+            "dataset should be a fastdata dataset (HDF5Dataset or ArrowDataset: whole batches through read_batch), "
+            f"got {type(dataset).__name__}"
+        )
     options = _read_options(dataset, pad_to)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    if batch_sampler is not None and (shuffle or drop_last):
-        raise ValueError("batch_sampler replaces shuffle and drop_last; set those on the sampler")
-    sampler = batch_sampler
-    if sampler is None:
+    if batch_sampler is None:
         sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
-    batch_size = sampler.batch_size
+    else:
+        sampler = _check_batch_sampler(batch_sampler, shuffle, drop_last)
     if num_workers == 0:
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                            read_options=options)
-    slot_bytes = dataset.max_batch_bytes(batch_size)
-    if slot_bytes is not None and pad_to is not None:
-        slot_bytes = max(slot_bytes, batch_size * 8 * (pad_to + 2) + 256)  # tokens, lengths, labels
-    slots = None if slot_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, slot_bytes)
+    largest = _largest_batch(sampler)
+    slots = None
+    if largest is not None:
+        slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, dataset.max_batch_bytes(largest, **options))
     return WorkerLoader(
         _WholeBatches(dataset, slots, options),
         batch_size=None,  # the sampler yields whole batches
@@ -122,19 +133,47 @@ def make_loader(
     )
 
 
+def _check_batch_sampler(sampler, shuffle, drop_last):
+    """Return ``sampler`` if it can be an iterable of index batches; raise TypeError or ValueError if not."""
+    if shuffle or drop_last:
+        raise ValueError("batch_sampler replaces shuffle and drop_last; set those on the sampler")
+    if not isinstance(sampler, Iterable) or isinstance(sampler, (str, bytes, Mapping, np.ndarray, torch.Tensor)):
+        raise TypeError(
+            "batch_sampler should be an iterable of index batches, e.g. [[0, 1], [2, 3]], a BucketBatchSampler or "
+            f"a torch BatchSampler; got {type(sampler).__name__}"
+        )
+    if isinstance(sampler, Sequence) and len(sampler) and np.ndim(sampler[0]) != 1:
+        raise TypeError(
+            "batch_sampler should hold index batches (1-D lists or arrays), e.g. [[0, 1], [2, 3]]; "
+            f"its first item is {sampler[0]!r}"
+        )
+    return sampler
+
+
+def _largest_batch(sampler):
+    """Return the most samples a batch of ``sampler`` holds, or None where it cannot be known before iterating."""
+    if isinstance(getattr(sampler, "batch_size", None), int):  # fastdata's and torch's batch samplers
+        return sampler.batch_size
+    if isinstance(sampler, Sequence):
+        return max((len(batch) for batch in sampler), default=0)
+    return None
+
+
 class BatchLoader:
     """Read batches in this process, ``prefetch_factor`` ahead on a background thread.
 
-    Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``.
+    Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``;
+    ``packed_dataset`` is the dataset too, as on a WorkerLoader.
     """
 
     def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, read_options=None):
-        self.dataset = dataset
+        self.dataset = self.packed_dataset = dataset
         self.sampler = sampler
-        self.batch_size = sampler.batch_size
+        self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.read_options = read_options or {}
+        self._takes_threads = "threads" in dataset.read_options  # see NOTE [leave a core]
         self._body = _LoopBody()  # see NOTE [adaptive read-ahead]
         self._next_epoch = None  # see NOTE [next epoch's first batch]
 
@@ -153,7 +192,7 @@ class BatchLoader:
             yield self.dataset.read_batch(batch_indices, self.pin_memory, **self._options())
 
     def _options(self):
-        if self._body.keeps_a_core_busy() and getattr(self.dataset, "storage", None) == "jpeg":
+        if self._takes_threads and self._body.keeps_a_core_busy():
             # NOTE [leave a core]: decoding on every core starves a training
             # loop that computes on the CPU (of CPU and of the GIL); keep one
             # core for it. A loop that mostly waits (for the GPU) leaves its
@@ -197,17 +236,18 @@ class BatchLoader:
         read ahead within that epoch, so a busy loop would wait for it every
         epoch (~3% of an 8-batch epoch of 5 ms steps). It is read while the
         loop works on the previous epoch's last batches instead, from the
-        sampler's next epoch. If the sampler's epoch is then changed to
-        another one (``set_epoch``), it is dropped and the epoch read anew.
+        sampler's ``batches(epoch)`` of the next epoch (an EpochSampler; see
+        NOTE [epoch protocol]; other samplers' epochs are read when they
+        start). If the next epoch is then changed to another one
+        (``set_epoch``), the batch is dropped and the epoch read anew.
         """
-        epoch = getattr(self.sampler, "epoch", None)
-        if epoch is None or not self._body.busy:  # not busy: the next epoch reads inline
+        if not isinstance(self.sampler, EpochSampler) or not self._body.busy:  # not busy: read inline
             return
-        indices = iter(self.sampler)
+        epoch = self.sampler.epoch
+        indices = iter(self.sampler.batches(epoch))
         try:
             first = self.dataset.read_batch(next(indices), self.pin_memory, **self._options())
         except Exception:  # StopIteration or a read error: the next epoch reads (and raises) as usual
-            self.sampler.epoch = epoch
             return
         self._next_epoch = (epoch, first, indices)
 
@@ -216,8 +256,8 @@ class BatchLoader:
         if self._next_epoch is not None:
             epoch, first, indices = self._next_epoch
             self._next_epoch = None
-            if self.sampler.epoch in (epoch, epoch + 1):  # untouched, or set_epoch to the same epoch
-                self.sampler.epoch = epoch + 1
+            if self.sampler.epoch == epoch:  # untouched, or set_epoch to the same epoch
+                self.sampler.set_epoch(epoch + 1)  # this epoch is read: as iterating the sampler would
                 return first, indices
         return None, iter(self.sampler)
 
@@ -318,11 +358,41 @@ class WorkerLoader(DataLoader):
     """A DataLoader whose workers return whole batches through shared slots.
 
     See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
+    Its ``dataset`` hands out whole batches; ``packed_dataset`` is the file's dataset.
     """
+
+    @property
+    def packed_dataset(self):
+        """The HDF5Dataset or ArrowDataset the workers read."""
+        return self.dataset.dataset
 
     def __iter__(self):
         for batch in super().__iter__():
             yield batch.unpack() if isinstance(batch, SlotBatch) else batch
+
+    def close(self):
+        """Stop the persistent worker processes now (a later epoch starts new ones)."""
+        close_workers(self)
+
+
+# NOTE [torch internals]: torch has no public way to stop a DataLoader's
+# persistent workers before the loader is garbage collected, nor to list
+# them; the two functions below are the one place fastdata reaches into a
+# DataLoader's private iterator for that, so a torch change breaks only here.
+
+
+def close_workers(loader: DataLoader) -> None:
+    """Stop ``loader``'s persistent worker processes now rather than at some later garbage collection."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
+def worker_pids(loader: DataLoader) -> list[int]:
+    """Return the pids of ``loader``'s live persistent worker processes ([] without them)."""
+    workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
+    return [worker.pid for worker in workers if worker.is_alive()]
 
 
 class _WholeBatches:
@@ -360,6 +430,6 @@ def _read_options(dataset, pad_to):
         return {}
     if not isinstance(pad_to, int) or isinstance(pad_to, bool) or pad_to < 1:
         raise ValueError(f"pad_to should be a positive integer or None, got pad_to={pad_to!r}")
-    if getattr(dataset, "kind", None) != "text":
-        raise ValueError(f"pad_to applies to text datasets, got a {getattr(dataset, 'kind', None)!r} dataset")
+    if "pad_to" not in dataset.read_options:
+        raise ValueError(f"pad_to applies to text datasets, got a {dataset.kind!r} dataset")
     return {"pad_to": pad_to}

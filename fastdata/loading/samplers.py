@@ -1,12 +1,41 @@
-"""Batch samplers yielding int64 index arrays, one array per batch."""
+"""Batch samplers: each iteration (an epoch) yields the int64 index array of every batch.
+
+NOTE [epoch protocol]: make_loader takes as ``batch_sampler`` any iterable of
+index batches (a list of lists, a torch BatchSampler, a generator's owner);
+the loader iterates it once per epoch and asks it nothing else. An
+EpochSampler also says which batches any epoch has, and the loader uses
+that to read the next epoch's first batch while the loop still works on the
+previous epoch (see NOTE [next epoch's first batch] in loader.py):
+
+- ``epoch``: the epoch the next iteration yields;
+- ``batches(epoch)``: that epoch's batches, without changing any state;
+- ``set_epoch(epoch)``: as torch's DistributedSampler, choose the next epoch;
+- iterating yields ``batches(epoch)`` and advances ``epoch`` by one when the
+  first batch is asked for; the loader, having read an epoch from
+  ``batches``, advances it with ``set_epoch(epoch + 1)``.
+"""
+
+import abc
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 
-class _EpochSampler:
-    """What both samplers share: argument checks, epoch counting and ``len``."""
+class EpochSampler(abc.ABC):
+    """Base of batch samplers that follow the epoch protocol (see NOTE [epoch protocol]).
 
-    def __init__(self, num_samples, batch_size, shuffle, seed, drop_last):
+    Subclasses implement ``batches(epoch)``; this class counts epochs and
+    gives ``len``.
+
+    Args:
+        num_samples: size of the dataset.
+        batch_size: samples per batch.
+        shuffle: draw a new order each epoch.
+        seed: base seed; the epoch number is mixed in.
+        drop_last: leave out a last batch smaller than ``batch_size``.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool):
         _check_positive("batch_size", batch_size)
         self.num_samples = int(num_samples)
         self.batch_size = batch_size
@@ -15,11 +44,20 @@ class _EpochSampler:
         self.drop_last = drop_last
         self.epoch = 0
 
-    def set_epoch(self, epoch):
+    @abc.abstractmethod
+    def batches(self, epoch: int) -> Iterable[np.ndarray]:
+        """Return the int64 index arrays of ``epoch``'s batches; change no state."""
+
+    def set_epoch(self, epoch: int) -> None:
         """Use the batches of ``epoch`` next (each iteration also advances it)."""
         self.epoch = epoch
 
-    def __len__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
+        epoch = self.epoch  # a generator: the epoch advances when its first batch is asked for, as torch's
+        self.epoch += 1  # DataLoader calls iter() twice on its first epoch
+        yield from self.batches(epoch)
+
+    def __len__(self) -> int:
         if self.drop_last:
             return self.num_samples // self.batch_size
         return -(-self.num_samples // self.batch_size)
@@ -30,7 +68,7 @@ def _check_positive(name, value):
         raise ValueError(f"{name} should be a positive integer, got {name}={value!r}")
 
 
-class BatchIndexSampler(_EpochSampler):
+class BatchIndexSampler(EpochSampler):
     """Yield the indices of each batch as a sorted int64 array.
 
     Every sample appears exactly once per epoch (or not at all in a dropped
@@ -47,21 +85,22 @@ class BatchIndexSampler(_EpochSampler):
         drop_last: leave out a last batch smaller than ``batch_size``.
     """
 
-    def __init__(self, num_samples, batch_size, *, shuffle=False, seed=0, drop_last=False):
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False):
         super().__init__(num_samples, batch_size, shuffle, seed, drop_last)
 
-    def __iter__(self):
+    def batches(self, epoch):
+        """Yield the sorted int64 index arrays of ``epoch``'s batches (drawn on the first one)."""
         if self.shuffle:
-            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
         else:
             order = np.arange(self.num_samples, dtype=np.int64)
-        self.epoch += 1
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             batch = order[start : start + self.batch_size]
             yield np.sort(batch) if self.shuffle else batch
 
 
-class BucketBatchSampler(_EpochSampler):
+class BucketBatchSampler(EpochSampler):
     """Yield batches of samples of similar length, as sorted int64 index arrays.
 
     Each epoch draws a permutation, cuts it into pools of ``pool_batches``
@@ -87,18 +126,14 @@ class BucketBatchSampler(_EpochSampler):
         >>> sampler.padding()["saved"]   # share of padded cells saved
     """
 
-    def __init__(self, lengths, batch_size, *, pool_batches=50, shuffle=True, seed=0, drop_last=False):
+    def __init__(self, lengths: np.ndarray, batch_size: int, *, pool_batches: int = 50, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False):
         _check_positive("pool_batches", pool_batches)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1:
             raise ValueError(f"lengths should be 1-D, got shape {self.lengths.shape}")
         super().__init__(len(self.lengths), batch_size, shuffle, seed, drop_last)
         self.pool_batches = pool_batches
-
-    def __iter__(self):
-        batches = self.batches(self.epoch)
-        self.epoch += 1
-        yield from batches
 
     def batches(self, epoch):
         """Return the list of sorted int64 index arrays of ``epoch``."""

@@ -27,12 +27,13 @@ from fastdata.loading.decoders import BufferPool
 
 _WAIT_SECONDS = 5.0  # then give up on slots for this batch and return it as is
 _ALIGN = 64  # each tensor starts on a cache line, so any dtype view is aligned
+_MAX_TENSORS = 4  # alignment room per slot: a batch has 2 tensors (images, labels) or 3 (tokens, lengths, labels)
 _LIVE = weakref.WeakValueDictionary()  # key -> SharedSlots, in the main process
 _KEYS = itertools.count()
 
 
 class SharedSlots:
-    """``slots_per_worker`` reusable byte buffers of ``slot_bytes`` for each worker.
+    """``slots_per_worker`` reusable byte buffers for each worker, each holding a batch of ``batch_bytes``.
 
     Create it in the main process before the workers start; it travels to
     them inside the dataset. Batches come back as SlotBatch references.
@@ -40,10 +41,12 @@ class SharedSlots:
     Args:
         num_workers: DataLoader workers.
         slots_per_worker: buffers per worker (batches in flight + 1).
-        slot_bytes: size of each buffer; batches larger than this bypass slots.
+        batch_bytes: the most bytes of a batch's tensors (``dataset.max_batch_bytes``);
+            larger batches bypass slots.
     """
 
-    def __init__(self, num_workers, slots_per_worker, slot_bytes):
+    def __init__(self, num_workers: int, slots_per_worker: int, batch_bytes: int):
+        slot_bytes = batch_bytes + _MAX_TENSORS * _ALIGN  # each tensor starts aligned, see _layout
         self.key = f"{os.getpid()}-{next(_KEYS)}"
         self.buffers = torch.empty((num_workers, slots_per_worker, slot_bytes), dtype=torch.uint8).share_memory_()
         self.busy = torch.zeros((num_workers, slots_per_worker), dtype=torch.int32).share_memory_()

@@ -258,7 +258,6 @@ def _hint_for(loader):
     """Return what to try first when ``loader`` starves the loop."""
     if not isinstance(loader, (BatchLoader, WorkerLoader)):
         return 'pack the dataset once with "fastdata convert" and read it with make_loader, or raise num_workers'
-    dataset = getattr(loader.dataset, "dataset", loader.dataset)  # a WorkerLoader wraps the packed dataset
-    if getattr(dataset, "storage", None) == "jpeg":
+    if loader.packed_dataset.storage == "jpeg":
         return "JPEG decoding is the cost: raise num_workers, or convert with --storage raw"
     return "raise prefetch_factor or num_workers in make_loader, or move per-batch transforms onto the GPU"

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from support import FORMATS, MB, NUM_CLASSES, PER_CLASS, ProbeMixin, growth_per_worker, write_random_png
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
-from fastdata.loading.loader import BatchLoader
+from fastdata.loading.loader import BatchLoader, worker_pids
 from fastdata.loading.samplers import BatchIndexSampler
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -119,10 +119,7 @@ def run_epochs(loader, epochs=2):
 
 
 def shutdown(loader):
-    # Stop persistent workers now rather than at some later garbage collection.
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None:
-        iterator._shutdown_workers()
+    loader.close()  # stop persistent workers now rather than at some later garbage collection
     del loader
     gc.collect()
 
@@ -477,6 +474,69 @@ def test_workers_loader_is_a_torch_dataloader(packed_files, drop_last, sizes):
     shutdown(loader)
 
 
+def test_close_stops_the_persistent_workers_and_a_later_epoch_starts_new_ones(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    loader = make_loader(dataset, 10, num_workers=1, multiprocessing_context="fork")
+    first = [labels for _, labels in loader]
+    (pid,) = worker_pids(loader)
+    loader.close()
+    assert worker_pids(loader) == [] and not os.path.exists(f"/proc/{pid}")
+    assert [labels.tolist() for _, labels in loader] == [labels.tolist() for labels in first]
+    assert worker_pids(loader) not in ([], [pid])
+    shutdown(loader)
+
+
+# ---------------------------------------------------------------- batch_sampler: any iterable of index batches
+
+
+class Batches:
+    """An iterable of index batches with neither ``len`` nor ``batch_size`` (iterated anew each epoch)."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        yield from self.batches
+
+
+BATCHES = [[0, 1], [2, 3, 4], [7], [20, 23]]
+SAMPLERS = {
+    "list of lists": lambda: BATCHES,
+    "tuple of arrays": lambda: tuple(np.array(b) for b in BATCHES),
+    "torch BatchSampler": lambda: BatchSampler(SequentialSampler(range(NUM_SAMPLES)), 7, drop_last=False),
+    "plain iterable": lambda: Batches(BATCHES),
+}
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("kind", SAMPLERS)
+def test_batch_sampler_may_be_any_iterable_of_index_batches(packed_files, kind, num_workers):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    expected = [np.asarray(b).tolist() for b in SAMPLERS[kind]()]
+    loader = make_loader(dataset, batch_sampler=SAMPLERS[kind](), num_workers=num_workers,
+                         multiprocessing_context="fork")
+    for _ in range(2):  # a later epoch iterates the sampler anew
+        batches, _ = busy_loop(loader)  # busy: reading moves to the thread
+        assert len(batches) == len(expected)
+        for (images, labels), indices in zip(batches, expected, strict=True):
+            expected_images, expected_labels = dataset.read_batch(indices)
+            assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+    if num_workers:
+        shutdown(loader)
+
+
+@pytest.mark.parametrize("sampler", [5, "0123", b"01", {0: [1]}, np.arange(4), [0, 1, 2], [[[0, 1]]]])
+def test_batch_sampler_that_is_not_index_batches_is_a_type_error(small, sampler):
+    with pytest.raises(TypeError, match="batch_sampler should"):
+        make_loader(small, batch_sampler=sampler)
+
+
+def test_batch_sampler_replaces_shuffle_and_drop_last(small):
+    for option in ("shuffle", "drop_last"):
+        with pytest.raises(ValueError, match="batch_sampler replaces shuffle and drop_last"):
+            make_loader(small, batch_sampler=BATCHES, **{option: True})
+
+
 # ---------------------------------------------------------------- BatchIndexSampler
 
 
@@ -492,6 +552,16 @@ def test_sampler_set_epoch_replays_an_epoch():
     second = [b.tolist() for b in sampler]
     sampler.set_epoch(0)
     assert [b.tolist() for b in sampler] == first != second
+
+
+def test_sampler_batches_of_an_epoch_change_nothing_and_iterating_advances():
+    # see NOTE [epoch protocol]
+    sampler = BatchIndexSampler(50, 8, shuffle=True, seed=1)
+    third = [b.tolist() for b in sampler.batches(3)]
+    assert [b.tolist() for b in sampler.batches(3)] == third and sampler.epoch == 0
+    iterator = iter(sampler)
+    assert sampler.epoch == 0  # not before the first batch is asked for (torch calls iter() twice)
+    assert [b.tolist() for b in iterator] == [b.tolist() for b in sampler.batches(0)] and sampler.epoch == 1
 
 
 @pytest.mark.parametrize(

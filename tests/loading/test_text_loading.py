@@ -3,6 +3,7 @@
 import multiprocessing
 import os
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -102,20 +103,12 @@ def test_make_loader_pads_to_the_longest_or_a_fixed_length(packed_text, text_fmt
     assert all_samples(fixed) == expected_samples(path, pad_to=64)
 
 
-def test_pad_to_is_checked():
-    class FakeImages:
-        kind = "image"
-
-        def read_batch(self, indices):
-            raise AssertionError
-
-        def __len__(self):
-            return 4
-
+def test_pad_to_is_checked(packed_files):
+    images = open_dataset(packed_files("hdf5", "raw"))
     with pytest.raises(ValueError, match="pad_to should be a positive integer"):
-        make_loader(FakeImages(), pad_to=0)
+        make_loader(images, pad_to=0)
     with pytest.raises(ValueError, match="pad_to applies to text datasets"):
-        make_loader(FakeImages(), pad_to=8)
+        make_loader(images, pad_to=8)
 
 
 def test_dataset_pickles_small(packed_text):
@@ -183,6 +176,22 @@ def test_bucketed_loader_pads_less(packed_text):
     assert sum(t.numel() for t, _, _ in bucketed) < sum(t.numel() for t, _, _ in plain)
     with pytest.raises(ValueError, match="batch_sampler replaces"):
         make_loader(dataset, batch_sampler=BucketBatchSampler(dataset.lengths, 4), shuffle=True)
+
+
+def test_busy_loop_over_a_bucket_sampler_reads_each_epoch_of_the_sampler(packed_text):
+    # see NOTE [next epoch's first batch]: read early from the sampler's next epoch, then that epoch is done
+    dataset = open_dataset(packed_text("hdf5"))
+    sampler = BucketBatchSampler(dataset.lengths, 4, pool_batches=2, seed=5)
+    loader = make_loader(dataset, batch_sampler=sampler)
+    for epoch in range(3):
+        expected = [dataset.read_batch(batch) for batch in sampler.batches(epoch)]
+        got = []
+        for batch in loader:
+            got.append(batch)
+            time.sleep(0.002)  # a busy loop: the reading moves to a thread
+        assert sampler.epoch == epoch + 1
+        assert len(got) == len(expected)
+        assert all(torch.equal(a, b) for batch, reference in zip(got, expected) for a, b in zip(batch, reference))
 
 
 def test_bucketing_checks_its_arguments():
