@@ -1,0 +1,267 @@
+"""Text sources: odd CSV, JSON Lines and plain files are converted or reported, never silently lost; labels."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import stored_sequences
+
+from fastdata import SourceError, Tokenizer, convert_text
+from fastdata.converters import textsources
+from fastdata.converters.textsources import read_source
+
+LABELS = ("neg", "pos")
+
+
+def convert(src, out, **options):
+    return convert_text(src, out, workers=1, progress=False, **options)
+
+
+def plain_rows(count):
+    """Return ``count`` (text, label) rows a CSV writer leaves unquoted: no comma, quote or newline."""
+    return [(f"review {i} was {'dull' if i % 2 else 'fine'} overall", LABELS[i % 2]) for i in range(count)]
+
+
+def write_csv(path, rows, header=("text", "label"), raw=None):
+    """Write ``rows`` with the csv module; ``raw`` maps a row index to a line written as is instead."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for index, row in enumerate(rows):
+            if raw and index in raw:
+                f.write(raw[index])
+            else:
+                writer.writerow(row)
+    return path
+
+
+def assert_stored(path, rows):
+    """Assert the file at ``path`` holds ``rows`` ((text, label name or None)) in order; return its metadata."""
+    sequences, labels, metadata = stored_sequences(path)
+    tokenizer = Tokenizer.from_file(path)
+    assert len(sequences) == len(rows)
+    for sequence, (text, _) in zip(sequences, rows):
+        np.testing.assert_array_equal(sequence, tokenizer.encode(text))
+    assert [metadata["classes"][label] if label >= 0 else None for label in labels] == [lab for _, lab in rows]
+    return metadata
+
+
+# ----- unmatched quotes ---------------------------------------------------------------------------------
+
+
+def test_unmatched_quote_is_reported_and_the_rows_it_swallowed_are_kept(tmp_path):
+    rows = plain_rows(1000)
+    raw = {8: f'"{rows[8][0]},{rows[8][1]}\r\n'}  # line 10 opens a quote it never closes
+    rows[498] = (f'she said "{rows[498][0]}"', rows[498][1])  # line 500 is quoted: its quote closes line 10's
+    report = convert(write_csv(tmp_path / "q.csv", rows, raw=raw), tmp_path / "q.h5")
+    assert report.skipped == [("q.csv:10", "unmatched quote starting at line 10 (closed on line 500); "
+                                           "lines 11-500 read as rows instead")]
+    assert_stored(report.path, rows[:8] + rows[9:])
+
+
+def test_unmatched_quote_open_at_the_end_of_the_file(tmp_path):
+    rows = plain_rows(50)
+    src = write_csv(tmp_path / "q.csv", rows, raw={40: '"an opening quote, never closed,neg\n'})
+    report = convert(src, tmp_path / "q.h5")
+    assert report.skipped == [("q.csv:42", "unmatched quote starting at line 42 (still open at the end of the "
+                                           "file); lines 43-51 read as rows instead")]
+    assert_stored(report.path, rows[:40] + rows[41:])
+
+
+def test_unmatched_quote_in_the_header_is_a_source_error(tmp_path):
+    src = tmp_path / "q.csv"
+    src.write_text('"text,label\nfine,pos\n', encoding="utf-8")
+    with pytest.raises(SourceError, match="header row is not readable: unmatched quote starting at line 1"):
+        convert(src, tmp_path / "q.h5")
+
+
+def test_texts_spanning_lines_that_look_like_rows_are_kept_whole(tmp_path):
+    rows = plain_rows(20)
+    rows[5] = ("a quoted text\nwith lines,pos\nthat read,neg\nlike rows", "neg")  # valid CSV: kept whole
+    rows[9] = ("first paragraph\n\nsecond, with a comma", "pos")
+    report = convert(write_csv(tmp_path / "m.csv", rows), tmp_path / "m.h5")
+    assert report.num_samples == 20 and report.skipped == []
+    inputs = read_source(str(tmp_path / "m.csv"), "csv", "text", "label", False)
+    assert inputs.payloads == [text for text, _ in rows] and inputs.labels == [label for _, label in rows]
+
+
+# ----- large fields --------------------------------------------------------------------------------------
+
+
+def test_field_over_128_kib_is_read(tmp_path):
+    rows = plain_rows(20)
+    rows[10] = ("a long text\n" * 30_000, "pos")  # 360 KB, 30,000 lines
+    report = convert(write_csv(tmp_path / "big.csv", rows), tmp_path / "big.h5")
+    metadata = assert_stored(report.path, rows)
+    assert report.skipped == [] and metadata["lengths"]["max"] == 90_000
+    assert csv.field_size_limit() == 131072  # the module's limit is restored
+
+
+def test_field_still_too_large_is_skipped_naming_its_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(textsources, "_MAX_FIELD", 150_000)  # instead of writing a 2 GiB field
+    rows = plain_rows(20)
+    rows[10] = ("a long text\n" * 20_000, "pos")
+    report = convert(write_csv(tmp_path / "big.csv", rows), tmp_path / "big.h5")
+    assert report.skipped == [("big.csv:12", "not readable as CSV: field larger than field limit (150000) "
+                                             "(lines 12-20012)")]
+    assert_stored(report.path, rows[:10] + rows[11:])
+
+
+# ----- labels ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values, stored, classes", [
+    ([1, 3, 5, 3], [1, 3, 5, 3], ["0", "1", "2", "3", "4", "5"]),  # small indices: kept
+    ([99999999999, 7, 99999999999], [1, 0, 1], ["7", "99999999999"]),  # ids: numbered
+    ([2**70, 1, 2**64], [2, 0, 1], ["1", str(2**64), str(2**70)]),  # beyond int64
+    ([-1, 1, 1, -1], [0, 1, 1, 0], ["-1", "1"]),  # negative
+    ([True, False, True], [1, 0, 1], ["false", "true"]),
+    ([1.0, 0.0, 2.0], [1, 0, 2], ["0", "1", "2"]),  # integral floats are integers
+    (list(range(0, 6000, 3)), list(range(2000)), [str(i) for i in range(0, 6000, 3)]),  # sparse: numbered
+    (list(range(1999, -1, -1)), list(range(1999, -1, -1)), [str(i) for i in range(2000)]),  # dense: kept
+])
+def test_jsonl_labels(tmp_path, values, stored, classes):
+    src = tmp_path / "l.jsonl"
+    src.write_text("".join(json.dumps({"text": f"text {i}", "label": v}) + "\n" for i, v in enumerate(values)))
+    _, labels, metadata = stored_sequences(convert(src, tmp_path / "l.h5").path)
+    assert labels.tolist() == stored and metadata["classes"] == classes
+    assert [metadata["classes"][label] for label in labels] == [json.dumps(v).replace(".0", "") for v in values]
+
+
+@pytest.mark.parametrize("values, stored, classes", [
+    (["-1", "1", "10", "9"], [0, 1, 3, 2], ["-1", "1", "9", "10"]),  # integers sort as numbers
+    (["2", "0", "007"], [2, 0, 1], ["0", "007", "2"]),  # "007" is no integer: all strings
+])
+def test_csv_labels(tmp_path, values, stored, classes):
+    src = write_csv(tmp_path / "l.csv", [(f"text {i}", v) for i, v in enumerate(values)])
+    _, labels, metadata = stored_sequences(convert(src, tmp_path / "l.h5").path)
+    assert labels.tolist() == stored and metadata["classes"] == classes
+
+
+@pytest.mark.parametrize("values, error", [
+    ([1, True], "mix integers .*l.jsonl:1: 1.* and booleans .*l.jsonl:2: true"),
+    (["pos", 0], "mix strings .* and integers"),
+])
+def test_mixed_label_kinds_are_a_source_error(tmp_path, values, error):
+    src = tmp_path / "l.jsonl"
+    src.write_text("".join(json.dumps({"text": "a text", "label": v}) + "\n" for v in values))
+    with pytest.raises(SourceError, match=error):
+        convert(src, tmp_path / "l.h5")
+
+
+def test_non_integral_labels_are_skipped(tmp_path):
+    src = tmp_path / "l.jsonl"
+    src.write_text("".join(json.dumps({"text": "a text", "label": v}) + "\n" for v in [1, 1.5, [1], 0]))
+    report = convert(src, tmp_path / "l.h5")
+    assert report.num_samples == 2 and [name for name, _ in report.skipped] == ["l.jsonl:2", "l.jsonl:3"]
+    assert all("labels should be integers, booleans or strings" in reason for _, reason in report.skipped)
+
+
+# ----- odd files ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+@pytest.mark.parametrize("name", ["t.csv", "t.tsv", "t.jsonl", "t.txt"])
+def test_line_endings_and_byte_order_mark(tmp_path, name, newline):
+    rows = plain_rows(6)
+    lines = {"t.csv": ["text,label"] + [f"{t},{lab}" for t, lab in rows],
+             "t.tsv": ["text\tlabel"] + [f"{t}\t{lab}" for t, lab in rows],
+             "t.jsonl": [json.dumps({"text": t, "label": lab}) for t, lab in rows],
+             "t.txt": [t for t, _ in rows]}[name]
+    src = tmp_path / name
+    src.write_bytes(b"\xef\xbb\xbf" + newline.join(lines).encode() + newline.encode())
+    assert_stored(convert(src, tmp_path / "t.h5").path, [(t, lab if name != "t.txt" else None) for t, lab in rows])
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl", "t.txt"])
+def test_utf16_and_utf32_files_are_a_source_error(tmp_path, name, encoding):
+    src = tmp_path / name
+    src.write_bytes('text,label\n"a text",pos\n'.encode(encoding))
+    with pytest.raises(SourceError, match=f"is {encoding.upper()} text.*save it as UTF-8"):
+        convert(src, tmp_path / "t.h5")
+
+
+@pytest.mark.parametrize("name, data, error", [
+    ("e.csv", b"", "is empty"),
+    ("e.csv", b"\n\n", "is empty"),
+    ("e.csv", b"text,label\n", "holds no samples"),
+    ("e.jsonl", b"", "holds no samples"),
+    ("e.txt", b"", "holds no samples"),
+    ("e.csv", b"text,text,label\na,b,pos\n", "2 columns named 'text'"),
+])
+def test_empty_files_and_ambiguous_headers(tmp_path, name, data, error):
+    src = tmp_path / name
+    src.write_bytes(data)
+    with pytest.raises(SourceError, match=error):
+        convert(src, tmp_path / "e.h5")
+
+
+def test_odd_csv_rows_are_converted_or_reported(tmp_path):
+    src = tmp_path / "odd.csv"
+    src.write_bytes(b"text,label\n"
+                    b"nul \x00 inside,pos\n"          # 2: kept
+                    b"\n"                             # 3: a blank line is no sample
+                    b"a fine, film,pos\n"             # 4: unquoted comma: 3 fields
+                    b"trailing empty field,neg,\n"    # 5: kept
+                    b"bad \xff byte,neg\n"            # 6: reported
+                    b'"",pos\n'                      # 7: no tokens
+                    b"a dull film,neg\n")             # 8: kept
+    report = convert(src, tmp_path / "odd.h5", tokenizer="bytes")
+    assert report.num_samples == 3
+    assert report.skipped == [
+        ("odd.csv:4", "3 fields where the header has 2 (a delimiter in an unquoted text? quote the text)"),
+        ("odd.csv:6", "not valid UTF-8 (undecodable bytes or unpaired surrogates)"),
+        ("odd.csv:7", "no tokens (empty text)"),
+    ]
+    sequences, _, _ = stored_sequences(report.path)
+    assert bytes(sequences[0].astype(np.uint8)) == b"nul \x00 inside"
+
+
+def test_odd_jsonl_lines_are_converted_or_reported(tmp_path):
+    src = tmp_path / "odd.jsonl"
+    long_text = "word " * 2_000_000  # a 10 MB line
+    src.write_bytes(json.dumps({"text": "nul \u0000 escaped", "label": "pos"}).encode() + b"\n"
+                    + b'{"text": "raw nul \x00", "label": "pos"}\n'
+                    + json.dumps({"text": long_text, "label": "neg"}).encode() + b"\n"
+                    + b'{"text": "bad \xff byte", "label": "neg"}\n')
+    report = convert(src, tmp_path / "odd.h5", tokenizer="bytes")
+    assert [name for name, _ in report.skipped] == ["odd.jsonl:2", "odd.jsonl:4"]
+    assert "invalid JSON: Invalid control character" in report.skipped[0][1]
+    assert "not valid UTF-8" in report.skipped[1][1]
+    sequences, _, _ = stored_sequences(report.path)
+    assert [len(s) for s in sequences] == [len("nul \x00 escaped"), len(long_text)]
+
+
+# ----- round trip --------------------------------------------------------------------------------------------
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+labels = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=5).filter(str.strip)
+records = st.lists(st.tuples(texts, labels), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=records, delimiter=st.sampled_from([",", "\t"]))
+def test_csv_round_trip(tmp_path, records, delimiter):
+    path = tmp_path / "r.csv"
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter=delimiter)
+        writer.writerow(["text", "label"])
+        writer.writerows(records)
+    inputs = read_source(str(path), "csv" if delimiter == "," else "tsv", "text", "label", False)
+    assert inputs.reasons == {}
+    assert inputs.payloads == [text for text, _ in records] and inputs.labels == [lab for _, lab in records]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=records, ensure_ascii=st.booleans())
+def test_jsonl_round_trip(tmp_path, records, ensure_ascii):
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "label": lab}, ensure_ascii=ensure_ascii) + "\n"
+                            for t, lab in records), encoding="utf-8")
+    inputs = read_source(str(path), "jsonl", "text", "label", False)
+    assert inputs.reasons == {}
+    assert inputs.payloads == [text for text, _ in records] and inputs.labels == [lab for _, lab in records]
