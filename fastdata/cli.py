@@ -246,3 +246,20 @@ def _parse_size(text):
     if len(sizes) not in (1, 2) or min(sizes) < 1:
         raise ValueError(f"--size should be N or HxW with positive integers, got {text!r}")
     return sizes[0] if len(sizes) == 1 else tuple(sizes)
+
+
+@main.command("verify")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--quick", is_flag=True, help="Check the stored checksums only: no value checks, no decoding.")
+@_reports_errors
+def verify_command(path, quick):
+    """Check the packed file PATH for damage: checksums, structure, offsets, labels, JPEGs, token ids.
+
+    Exits 0 when the file is intact and 1 when it is damaged, naming the damaged samples.
+    """
+    from fastdata.verify import verify
+
+    report = verify(path, quick=quick)
+    click.echo(str(report))
+    if not report.ok:
+        raise SystemExit(1)

@@ -154,3 +154,68 @@ def growth_per_worker(batches):
         probe = batch[-1]
         readings.setdefault(int(probe[0]), []).append((int(probe[1]), int(probe[2])))
     return {pid: (v[-1][0] - v[0][0], v[-1][1] - v[0][1]) for pid, v in readings.items()}
+
+
+# ---------------------------------------------------------------- damaged files
+
+
+def column_regions(path):
+    """Return ``{column name: (file offset, nbytes)}`` of the stored columns of a packed file.
+
+    Found from where the format layer maps each array (``/proc/self/maps``),
+    so it holds for any container.
+    """
+    from fastdata.formats import read_packed
+    from fastdata.formats.layout import stored_columns
+
+    columns, _ = read_packed(path, check=False)
+    real = os.path.realpath(path)
+    regions = {}
+    for name, array in stored_columns(columns).items():
+        address = array.__array_interface__["data"][0]
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                start, stop = (int(x, 16) for x in fields[0].split("-"))
+                if start <= address < stop and len(fields) == 6 and fields[5].strip() == real:
+                    regions[name] = (address - start + int(fields[2], 16), array.nbytes)
+    return regions
+
+
+def overwrite(path, offset, data):
+    """Write ``data`` into the file at ``offset`` in place."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def downgrade_to_version1(path):
+    """Rewrite a packed file as format version 1 wrote it: no checksums, ``format_version`` 1."""
+    import json
+
+    import h5py
+    import pyarrow as pa
+
+    from fastdata.formats.layout import METADATA_KEY
+
+    path = os.fspath(path)
+    if path.endswith(".h5"):
+        with h5py.File(path, "r+") as f:
+            metadata = json.loads(f.attrs[METADATA_KEY])
+            del f["checksums"]
+            f.attrs[METADATA_KEY] = _version1_metadata(metadata)
+        return path
+    with pa.memory_map(path, "r") as source:
+        table = pa.ipc.open_file(source).read_all()
+    metadata = json.loads(table.schema.metadata[METADATA_KEY.encode()])
+    table = table.replace_schema_metadata({METADATA_KEY: _version1_metadata(metadata)})
+    with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def _version1_metadata(metadata):
+    import json
+
+    return json.dumps({**{key: value for key, value in metadata.items() if key != "checksums"}, "format_version": 1})

@@ -214,7 +214,7 @@ def test_info_describes_the_file(bad_source, tmp_path):
     result = run("info", out)
     assert result.exit_code == 0, result.output
     text = result.output
-    assert os.fspath(out) in text and "arrow" in text and "format version 1" in text
+    assert os.fspath(out) in text and "arrow" in text and "format version 2" in text
     assert f"samples:     {NUM_SAMPLES}" in text
     assert "stored as jpeg" in text
     assert f"classes:     {NUM_CLASSES}" in text

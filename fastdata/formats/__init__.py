@@ -2,14 +2,14 @@
 
 import os
 
-from fastdata.formats.arrow import read_arrow, write_arrow
-from fastdata.formats.hdf5 import read_hdf5, write_hdf5
+from fastdata.formats.arrow import read_arrow, read_arrow_checksums, write_arrow
+from fastdata.formats.hdf5 import read_hdf5, read_hdf5_checksums, write_hdf5
 from fastdata.formats.layout import FORMAT_VERSION, Columns
 
 _FORMATS = {
-    ".h5": ("hdf5", write_hdf5, read_hdf5),
-    ".hdf5": ("hdf5", write_hdf5, read_hdf5),
-    ".arrow": ("arrow", write_arrow, read_arrow),
+    ".h5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums),
+    ".hdf5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums),
+    ".arrow": ("arrow", write_arrow, read_arrow, read_arrow_checksums),
 }
 
 
@@ -23,9 +23,18 @@ def write_packed(path, columns, metadata):
     _lookup(path)[1](path, columns, metadata)
 
 
-def read_packed(path):
-    """Open a packed file of either format; return ``(columns, metadata)``."""
-    return _lookup(path)[2](path)
+def read_packed(path, check=True):
+    """Open a packed file of either format; return ``(columns, metadata)``.
+
+    With ``check`` the offsets and labels are checked as well as the structure
+    (a few numpy passes, see ``check_values``); FormatError names the file.
+    """
+    return _lookup(path)[2](path, check)
+
+
+def read_checksums(path):
+    """Return the file's stored ``{column name: uint32 chunk checksums}``; empty for format version 1."""
+    return _lookup(path)[3](path)
 
 
 def _lookup(path):
@@ -37,4 +46,4 @@ def _lookup(path):
     return _FORMATS[ext]
 
 
-__all__ = ["FORMAT_VERSION", "Columns", "format_of", "read_packed", "write_packed"]
+__all__ = ["FORMAT_VERSION", "Columns", "format_of", "read_checksums", "read_packed", "write_packed"]

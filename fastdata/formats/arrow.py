@@ -16,19 +16,28 @@ from fastdata.formats.layout import (
     METADATA_KEY,
     Columns,
     check_columns,
+    check_values,
+    checksum_columns,
     decode_metadata,
     encode_metadata,
 )
 
+_CHECKSUMS = METADATA_KEY + ".checksums."  # + column name: little-endian uint32 bytes (see NOTE [checksums])
+
 
 def write_arrow(path, columns, metadata):
-    """Write ``columns`` and ``metadata`` to a new Arrow IPC file at ``path``."""
-    samples = _sample_array(columns)
-    labels = pa.array(np.ascontiguousarray(columns.labels, dtype=np.int64))
-    schema = pa.schema(
-        [("sample", samples.type), ("label", pa.int64())],
-        metadata={METADATA_KEY: encode_metadata(metadata)},
+    """Write ``columns``, ``metadata`` and the columns' chunk checksums to a new Arrow IPC file at ``path``."""
+    columns = Columns(
+        columns.samples,
+        np.ascontiguousarray(columns.labels, dtype=np.int64),
+        None if columns.offsets is None else np.ascontiguousarray(columns.offsets, dtype=np.int64),
     )
+    info, checksums = checksum_columns(columns)
+    samples = _sample_array(columns)
+    labels = pa.array(columns.labels)
+    schema_metadata = {METADATA_KEY: encode_metadata(metadata, info)}
+    schema_metadata.update({_CHECKSUMS + name: sums.astype("<u4").tobytes() for name, sums in checksums.items()})
+    schema = pa.schema([("sample", samples.type), ("label", pa.int64())], metadata=schema_metadata)
     batch = pa.record_batch([samples, labels], schema=schema)
     with pa.OSFile(os.fspath(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
@@ -40,7 +49,7 @@ def _sample_array(columns):
     if not columns.ragged:
         row_bytes = columns.samples.nbytes // n if n else 0
         return pa.FixedSizeBinaryArray.from_buffers(pa.binary(row_bytes), n, [None, values])
-    offsets = pa.py_buffer(np.ascontiguousarray(columns.offsets, dtype=np.int64))
+    offsets = pa.py_buffer(columns.offsets)
     if columns.samples.dtype == np.uint8:
         return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, offsets, values])
     child = pa.Array.from_buffers(
@@ -49,8 +58,10 @@ def _sample_array(columns):
     return pa.LargeListArray.from_buffers(pa.large_list(child.type), n, [None, offsets], children=[child])
 
 
-def read_arrow(path):
+def read_arrow(path, check=True):
     """Open a packed Arrow file; return ``(columns, metadata)`` viewing its memory map.
+
+    With ``check`` the offsets and labels are checked too (``check_values``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -73,28 +84,60 @@ def read_arrow(path):
         ) from exc
     if batch.schema.names != ["sample", "label"]:
         raise FormatError(f"{path!r}: unexpected columns {batch.schema.names}")
-    columns = _columns(batch, metadata)
+    try:
+        columns = _columns(batch, metadata, path)
+    except FormatError:
+        raise
+    except (pa.ArrowException, ValueError, TypeError) as exc:
+        raise FormatError(
+            f"{path!r} is damaged: its columns cannot be read ({exc}). Re-run \"fastdata convert\"."
+        ) from exc
     check_columns(columns, metadata, path)
+    if check:
+        check_values(columns, metadata, path)
     return columns, metadata
 
 
-def _columns(batch, metadata):
+def read_arrow_checksums(path):
+    """Return the stored ``{column name: uint32 chunk checksums}``; empty for a version 1 file."""
+    path = os.fspath(path)
+    try:
+        with pa.memory_map(path, "r") as source:
+            schema_metadata = pa.ipc.open_file(source).schema.metadata or {}
+    except (pa.ArrowException, OSError) as exc:
+        raise FormatError(f"{path!r}: cannot read the stored checksums ({exc}); the file is damaged") from exc
+    prefix = _CHECKSUMS.encode()
+    return {
+        key[len(prefix) :].decode(): np.frombuffer(value, dtype="<u4").astype(np.uint32)
+        for key, value in schema_metadata.items()
+        if key.startswith(prefix)
+    }
+
+
+def _columns(batch, metadata, path):
     samples = batch.column("sample")
     labels = batch.column("label").to_numpy(zero_copy_only=True)
     n = len(samples)
     if pa.types.is_fixed_size_binary(samples.type):
         dtype = np.dtype(metadata["sample_dtype"])
-        flat = _view(samples.buffers()[1], np.uint8, n * samples.type.byte_width)
+        flat = _view(samples.buffers()[1], np.uint8, n * samples.type.byte_width, "samples", path)
         return Columns(flat.view(dtype).reshape(n, *metadata["sample_shape"]), labels)
-    offsets = _view(samples.buffers()[1], np.int64, n + 1)
-    if pa.types.is_large_binary(samples.type):
-        values = _view(samples.buffers()[2], np.uint8, int(offsets[-1]))
+    offsets = _view(samples.buffers()[1], np.int64, n + 1, "offsets", path)
+    if pa.types.is_large_binary(samples.type):  # all the stored bytes: check_values compares the last offset
+        buffer = samples.buffers()[2]
+        values = _view(buffer, np.uint8, 0 if buffer is None else buffer.size, "samples", path)
     else:
         values = samples.values.to_numpy(zero_copy_only=True)
     return Columns(values, labels, offsets)
 
 
-def _view(buffer, dtype, count):
+def _view(buffer, dtype, count, name, path):
+    """Return ``count`` items of ``dtype`` viewing ``buffer``; FormatError if it holds fewer (a damaged file)."""
     if buffer is None or count == 0:
         return np.empty(0, dtype)
+    if not 0 < count <= buffer.size // np.dtype(dtype).itemsize:
+        raise FormatError(
+            f"{path!r} is damaged: column {name!r} should hold {count} items of {np.dtype(dtype).name} but its "
+            f"buffer has {buffer.size} bytes (a damaged length). Re-run \"fastdata convert\"."
+        )
     return np.frombuffer(buffer, dtype=dtype, count=count)

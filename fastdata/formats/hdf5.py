@@ -17,21 +17,27 @@ from fastdata.formats.layout import (
     METADATA_KEY,
     Columns,
     check_columns,
+    check_values,
+    checksum_columns,
     decode_metadata,
     encode_metadata,
+    stored_columns,
 )
 
 _COPY_BYTES = 64 << 20  # write memmapped columns in slices of this many bytes
+_CHECKSUMS = "checksums"  # group of uint32 datasets, one per stored column (see NOTE [checksums])
 
 
 def write_hdf5(path, columns, metadata):
-    """Write ``columns`` and ``metadata`` to a new HDF5 file at ``path``."""
+    """Write ``columns``, ``metadata`` and the columns' chunk checksums to a new HDF5 file at ``path``."""
+    info, checksums = checksum_columns(columns)
     with h5py.File(path, "w", libver="earliest") as f:
-        f.attrs[METADATA_KEY] = encode_metadata(metadata)
-        _write_dataset(f, "samples", columns.samples)
-        _write_dataset(f, "labels", columns.labels)
-        if columns.ragged:
-            _write_dataset(f, "offsets", columns.offsets)
+        f.attrs[METADATA_KEY] = encode_metadata(metadata, info)
+        for name, array in stored_columns(columns).items():
+            _write_dataset(f, name, array)
+        group = f.create_group(_CHECKSUMS)
+        for name, sums in checksums.items():
+            group.create_dataset(name, data=sums)
 
 
 def _write_dataset(f, name, array):
@@ -45,8 +51,10 @@ def _write_dataset(f, name, array):
         dset[start : start + step] = array[start : start + step]
 
 
-def read_hdf5(path):
+def read_hdf5(path, check=True):
     """Open a packed HDF5 file; return ``(columns, metadata)`` as memmaps.
+
+    With ``check`` the offsets and labels are checked too (``check_values``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -69,7 +77,20 @@ def read_hdf5(path):
     arrays = {name: _map(path, file_size, *layout) for name, layout in layouts.items()}
     columns = Columns(arrays["samples"], arrays["labels"], arrays.get("offsets"))
     check_columns(columns, metadata, path)
+    if check:
+        check_values(columns, metadata, path)
     return columns, metadata
+
+
+def read_hdf5_checksums(path):
+    """Return the stored ``{column name: uint32 chunk checksums}``; empty for a version 1 file."""
+    path = os.fspath(path)
+    try:
+        with h5py.File(path, "r") as f:
+            group = f.get(_CHECKSUMS)
+            return {} if group is None else {name: group[name][()] for name in group}
+    except OSError as exc:
+        raise FormatError(f"{path!r}: cannot read the stored checksums ({exc}); the file is damaged") from exc
 
 
 def _dataset_layout(f, name, path):
