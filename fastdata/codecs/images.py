@@ -4,16 +4,18 @@ Everything here works on numpy arrays and PIL images only (no torch), so that
 converter worker processes start quickly.
 """
 
+import functools
 import io
+import os
+import stat
 import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile, ImageOps
 
 from fastdata._optional import optional
 
-IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".pgm", ".png", ".ppm", ".tif", ".tiff", ".webp")
 RESIZE_MODES = ("crop", "pad", "stretch")
 RESAMPLE_FILTERS = {
     "nearest": Image.Resampling.NEAREST,
@@ -24,6 +26,30 @@ RESAMPLE_FILTERS = {
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _simplejpeg = optional("simplejpeg")
+_FILE_KINDS = {
+    stat.S_ISDIR: "a folder",
+    stat.S_ISFIFO: "a FIFO (named pipe)",
+    stat.S_ISSOCK: "a socket",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+}
+
+
+@functools.cache
+def image_extensions():
+    """Return the lower-case file extensions Pillow can open, sorted (".bmp", ..., ".jpg", ..., ".tga", ...).
+
+    Taken from Pillow's registry, so every format it decodes converts. Stub
+    formats (HDF5, GRIB, BUFR, WMF on most systems) are left out: Pillow
+    recognises them but has no decoder for them.
+    """
+    registry = Image.registered_extensions()  # imports every plugin, once
+    return tuple(sorted(ext for ext, name in registry.items() if name in Image.OPEN and not _is_stub(name)))
+
+
+def _is_stub(name):
+    factory = Image.OPEN[name][0]
+    return isinstance(factory, type) and issubclass(factory, ImageFile.StubImageFile)
 
 
 @dataclass(frozen=True)
@@ -60,8 +86,10 @@ def load_image(path, spec):
     """Decode ``path`` and preprocess it to ``spec``; return uint8 ``[H, W, 3]``.
 
     Raises whatever Pillow raises for an unusable file (OSError, ValueError,
-    Image.DecompressionBombError, ...); the caller reports it.
+    Image.DecompressionBombError, ...), and OSError for a path that is not
+    a regular file (a FIFO would block the open forever); the caller reports it.
     """
+    _check_regular_file(path)
     with warnings.catch_warnings():
         # Pillow warns (rather than fails) between 1x and 2x MAX_IMAGE_PIXELS;
         # we treat both as a bomb. Other warnings (odd EXIF, ...) are harmless.
@@ -75,6 +103,13 @@ def load_image(path, spec):
             img = _load_pixels(img, path, full_scale=img.size == full_size)
             ImageOps.exif_transpose(img, in_place=True)  # no copy where there is no rotation
             return np.asarray(resize(to_rgb(img, spec.background), spec))
+
+
+def _check_regular_file(path):
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((kind for test, kind in _FILE_KINDS.items() if test(mode)), "an unknown kind of file")
+        raise OSError(f"not a regular file but {kind}; left unopened")
 
 
 def _load_pixels(img, path, full_scale):

@@ -2,13 +2,16 @@
 
 import os
 import time
+import warnings
+from collections import Counter
 from contextlib import closing
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 from PIL import Image
 
-from fastdata.codecs.images import IMAGE_EXTENSIONS, ImageSpec, decode_jpeg, encode_jpeg, load_image
+from fastdata.codecs.images import ImageSpec, decode_jpeg, encode_jpeg, image_extensions, load_image
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
 from fastdata.converters.staging import staged_output
@@ -23,51 +26,128 @@ def find_images(root):
     """List the images of an ImageFolder tree.
 
     Files in nested folders belong to their top-level class; hidden files and
-    folders and files without an image extension are ignored; symlinked
-    folders are followed once each.
+    folders and files without an extension Pillow opens are ignored (counted
+    by kind in the conversion report); symlinked folders are followed once
+    each; folders that cannot be read are left out (listed as skipped by the
+    conversion).
 
     Returns:
         ``(classes, paths, labels)``: sorted class names, image paths relative
         to ``root`` (sorted within each class) and int64 labels ``[N]``.
 
     Raises:
-        SourceError: ``root`` is not a folder, has no class folder, or a class
-            folder holds no image file.
+        SourceError: ``root`` is not a readable folder, has no class folder, or
+            a class folder cannot be read or holds no image file.
     """
+    found = _scan_images(root)
+    return found.classes, found.paths, found.labels
+
+
+@dataclass
+class _FoundImages:
+    """What a walk of an ImageFolder tree found (see find_images)."""
+
+    classes: list
+    paths: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
+    unreadable: list = field(default_factory=list)  # (folder relative to root, reason)
+    ignored: Counter = field(default_factory=Counter)  # kind ("hidden", ".txt", ...) -> files left out
+
+
+def _scan_images(root):
     root = os.fspath(root)
+    found = _FoundImages(_class_folders(root))
+    found.ignored.update(_ignored_at_top(root))
+    # A link back to the root or into another class is not followed.
+    folders = [root] + [os.path.join(root, name) for name in found.classes]
+    outside = {_inode(folder) for folder in folders}
+    for label, name in enumerate(found.classes):
+        top, errors, ignored = os.path.join(root, name), [], Counter()
+        images = sorted(_walk_images(top, outside - {_inode(top)}, ignored, errors.append))
+        _check_class_found(root, name, images, errors, ignored)
+        found.paths += [os.path.join(name, path) for path in images]
+        found.labels += [label] * len(images)
+        found.unreadable += [(os.path.relpath(exc.filename, root), _unreadable_reason(exc)) for exc in errors]
+        found.ignored.update(ignored)
+    found.labels = np.asarray(found.labels, dtype=np.int64)
+    found.ignored = dict(sorted(found.ignored.items()))
+    return found
+
+
+def _class_folders(root):
+    """Return the sorted class folder names of ``root``."""
     if not os.path.isdir(root):
         raise SourceError(f"{root!r} is not a folder; expected {root}/<class>/<image>")
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    try:
+        entries = list(os.scandir(root))
+    except OSError as exc:
+        raise SourceError(f"cannot read {root!r} ({exc.strerror}); check its permissions") from exc
+    classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise SourceError(f"{root!r} has no class folders; expected {root}/<class>/<image>")
-    # A link back to the root or into another class is not followed.
-    folders = [root] + [os.path.join(root, name) for name in classes]
-    outside = {_inode(folder) for folder in folders}
-    paths, labels = [], []
-    for label, name in enumerate(classes):
-        top = os.path.join(root, name)
-        found = sorted(_walk_images(top, outside - {_inode(top)}))
-        if not found:
-            raise SourceError(
-                f"class folder {name!r} in {root!r} has no image files "
-                f"({', '.join(IMAGE_EXTENSIONS)}); add images or remove the folder"
-            )
-        paths += [os.path.join(name, path) for path in found]
-        labels += [label] * len(found)
-    return classes, paths, np.asarray(labels, dtype=np.int64)
+    return classes
 
 
-def _walk_images(top, skip):
-    seen = set(skip)
-    for folder, subfolders, files in os.walk(top, followlinks=True):
+def _ignored_at_top(root):
+    """Count the hidden entries and the files directly in ``root`` (they belong to no class)."""
+    counts = Counter()
+    for entry in os.scandir(root):
+        if entry.name.startswith("."):
+            counts["hidden"] += 1
+        elif not entry.is_dir():
+            counts["outside class folders"] += 1
+    return counts
+
+
+def _walk_images(top, skip, ignored, onerror):
+    """Yield the image paths under ``top``, relative to it.
+
+    Counts the files left out by kind into ``ignored``; passes the OSError of
+    each folder that cannot be listed to ``onerror``.
+    """
+    seen, extensions = set(skip), image_extensions()
+    for folder, subfolders, files in os.walk(top, onerror=onerror, followlinks=True):
         if _inode(folder) in seen:  # a symlink loop, a second link, or a skipped folder
             subfolders[:] = []
             continue
         seen.add(_inode(folder))
-        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        subfolders[:] = [d for d in subfolders if not _hidden(d, ignored)]
         for name in files:
-            if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS):
+            if _hidden(name, ignored):
+                continue
+            if name.lower().endswith(extensions):
                 yield os.path.relpath(os.path.join(folder, name), top)
+            else:
+                ignored[os.path.splitext(name)[1].lower() or "no extension"] += 1
+
+
+def _hidden(name, ignored):
+    """Return whether ``name`` is hidden, counting it in ``ignored`` if so."""
+    if name.startswith("."):
+        ignored["hidden"] += 1
+        return True
+    return False
+
+
+def _unreadable_reason(exc):
+    return f"folder cannot be read ({type(exc).__name__}: {exc.strerror}); its images were left out"
+
+
+def _check_class_found(root, name, images, errors, ignored):
+    """Raise SourceError for a class folder that cannot be read or has no image file."""
+    top = os.path.join(root, name)
+    for exc in errors:
+        if exc.filename == top:
+            raise SourceError(
+                f"class folder {name!r} in {root!r} cannot be read ({exc.strerror}); fix its permissions or remove it"
+            ) from exc
+    if not images:
+        held = ", ".join(f"{count} {kind}" for kind, count in sorted(ignored.items())) or "nothing"
+        unread = f" and {len(errors)} folder(s) it cannot read" if errors else ""
+        raise SourceError(
+            f"class folder {name!r} in {root!r} has no image files (it holds {held}{unread}); "
+            "add images or remove the folder"
+        )
 
 
 def _inode(folder):
@@ -118,13 +198,15 @@ def convert_imagefolder(
     check_choice("on_error", on_error, ON_ERROR)
     if not 1 <= quality <= 100:
         raise ValueError(f"quality should be in 1..100, got quality={quality}")
-    classes, paths, labels = find_images(root)
+    found = _scan_images(root)
+    classes, paths, labels = found.classes, found.paths, found.labels
+    unreadable = _apply_on_error_to_folders(found.unreadable, on_error)
     with staged_output(out, overwrite) as (staging, staged_path):
         sink = _RawSink(staging, len(paths), spec) if storage == "raw" else _JpegSink(staging)
         prepare = partial(_prepare_image, spec=spec, storage=storage, quality=quality, rows=sink.rows)
         tasks = [(index, os.path.join(root, path)) for index, path in enumerate(paths)]
         # Decode, preprocess and encode every image, in input order.
-        kept, skipped, stats = [], [], _PixelStats()
+        kept, skipped, stats = [], list(unreadable), _PixelStats()
         try:
             with closing(ordered_map(prepare, tasks, workers=workers, progress=progress, unit="img")) as results:
                 for index, (ok, payload, sums, reason) in enumerate(results):
@@ -156,11 +238,24 @@ def convert_imagefolder(
                 "exif_transpose": True,
                 "jpeg_draft": True,
             },
-            "source": {"root": os.path.abspath(root), "num_inputs": len(paths)},
+            "source": {"root": os.path.abspath(root), "num_inputs": len(paths), "ignored": found.ignored},
             "skipped": [{"path": path, "reason": reason} for path, reason in skipped],
         }
         write_packed(staged_path, sink.columns(kept_labels), metadata)
-    return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "img")
+    return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "img", found.ignored)
+
+
+def _apply_on_error_to_folders(unreadable, on_error):
+    """Apply the ``on_error`` policy to the folders that could not be read; return them."""
+    for path, reason in unreadable:
+        if on_error == "raise":
+            raise SourceError(
+                f"cannot read folder {path!r}: {reason}; fix its permissions, "
+                "or pass on_error='skip' (--on-error skip) to leave it out"
+            )
+        if on_error == "warn":
+            warnings.warn(f"skipped folder {path!r}: {reason}", stacklevel=3)
+    return unreadable
 
 
 def _prepare_image(task, spec, storage, quality, rows):

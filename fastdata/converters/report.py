@@ -19,6 +19,7 @@ class ConversionReport:
         skipped: ``(input, reason)`` pairs for every input left out.
         seconds: wall-clock time of the conversion.
         unit: what a sample is called ("img", "doc").
+        ignored: files left out as not inputs, by kind (".txt", "hidden", ...) -> count.
     """
 
     path: str
@@ -26,12 +27,14 @@ class ConversionReport:
     skipped: list = field(default_factory=list)
     seconds: float = 0.0
     unit: str = "img"
+    ignored: dict = field(default_factory=dict)
 
     def __str__(self):
         rate = self.num_samples / self.seconds if self.seconds else 0.0
         lines = [
             f"wrote {self.path!r}: {self.num_samples} samples in {self.seconds:.1f}s "
             f"({rate:,.0f} {self.unit}/s), {len(self.skipped)} skipped"
+            + _ignored_summary(self.ignored)
         ]
         for source, reason in self.skipped[:_SHOWN_SKIPS]:
             lines.append(f"  skipped {source}: {reason}")
@@ -41,6 +44,14 @@ class ConversionReport:
                 f"(all listed by: fastdata info {self.path})"
             )
         return "\n".join(lines)
+
+
+def _ignored_summary(ignored):
+    """``", 5 ignored (.txt: 3, hidden: 2)"``, or "" when nothing was ignored."""
+    if not ignored:
+        return ""
+    kinds = ", ".join(f"{kind}: {count}" for kind, count in ignored.items())
+    return f", {sum(ignored.values())} ignored ({kinds})"
 
 
 def check_choice(name, value, choices):

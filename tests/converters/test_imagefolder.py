@@ -1,7 +1,9 @@
 """convert_imagefolder / find_images: same pixels and labels come back, bad inputs, atomic output."""
 
 import errno
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -10,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from PIL import Image
 from support import (
     FORMATS,
     NUM_CLASSES,
@@ -236,6 +239,216 @@ def test_symlinked_class_folder_is_followed(tmp_path, source_root):
     classes, relpaths, _ = find_images(root)
     assert classes == ["linked_class"]
     assert len(relpaths) == PER_CLASS
+
+
+# ---------------------------------------------------------------- nothing left out without a word
+
+
+# Formats Pillow opens that a fixed list of extensions once left out.
+OTHER_FORMATS = {"a.tga": "RGB", "b.ico": "RGBA", "c.pbm": "1", "d.jfif": "RGB", "e.dib": "RGB", "f.pcx": "RGB"}
+
+
+def test_every_extension_pillow_opens_is_converted(tmp_path):
+    rng = np.random.default_rng(4)
+    root = tmp_path / "formats"
+    (root / "other").mkdir(parents=True)
+    for name, mode in OTHER_FORMATS.items():
+        pixels = rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)
+        Image.fromarray(pixels, "RGB").convert(mode).save(root / "other" / name)
+    (root / "other" / "g.PBM").write_bytes((root / "other" / "c.pbm").read_bytes())
+    _, relpaths, _ = find_images(root)
+    assert sorted(os.path.basename(p) for p in relpaths) == sorted([*OTHER_FORMATS, "g.PBM"])
+    out = tmp_path / "out.h5"
+    report = convert(root, out, size=16)
+    assert report.num_samples == len(OTHER_FORMATS) + 1 and report.skipped == []
+    images, _, _ = stored_images(out)
+    assert np.array_equal(images, expected_images(root, relpaths, ImageSpec(16, 16), "raw"))
+
+
+MESSY_IGNORED = {
+    ".bak": 1,
+    ".csv": 1,
+    ".txt": 1,
+    "hidden": 4,  # a_cats/.hidden.png, a_cats/.cache/, b_dogs/sub/.thumbs/, .hidden_class/
+    "outside class folders": 2,  # readme.png, LICENSE
+}
+
+
+def test_files_left_out_are_counted_by_kind(messy_root, tmp_path):
+    out = tmp_path / "messy.arrow"
+    report = convert(messy_root, out, size=8)
+    assert report.ignored == MESSY_IGNORED
+    assert stored_images(out)[2]["source"]["ignored"] == MESSY_IGNORED
+    first_line = str(report).splitlines()[0]
+    assert first_line.endswith(
+        "0 skipped, 9 ignored (.bak: 1, .csv: 1, .txt: 1, hidden: 4, outside class folders: 2)"
+    ), first_line
+
+
+def test_cli_summary_names_the_files_left_out(messy_root, tmp_path):
+    from click.testing import CliRunner
+
+    from fastdata.cli import main
+
+    result = CliRunner().invoke(
+        main, ["convert", "imagefolder", os.fspath(messy_root), os.fspath(tmp_path / "m.h5"), "--size", "8", "--quiet"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "9 ignored (.bak: 1, .csv: 1, .txt: 1, hidden: 4, outside class folders: 2)" in result.output
+
+
+def test_class_folder_without_images_says_what_it_holds(source_copy, tmp_path):
+    (source_copy / "class_9").mkdir()
+    (source_copy / "class_9" / "notes.txt").write_text("no images here")
+    (source_copy / "class_9" / "clip.mp4").write_bytes(b"not an image")
+    with pytest.raises(SourceError, match=r"'class_9' .* has no image files \(it holds 1 \.mp4, 1 \.txt\)"):
+        convert(source_copy, tmp_path / "out.h5")
+
+
+def _drop_file_permission_override():
+    """Run in the child before exec: a root child loses CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH.
+
+    Root reads any folder whatever its mode; without these two capabilities
+    it obeys the mode bits like any user, so a folder of mode 000 is really
+    unreadable to it.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+CONVERT_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    from fastdata import FastdataError, convert_imagefolder
+
+    root, out, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    probe = options.pop("probe", None)
+    if probe is not None:  # is the folder really unreadable to this process?
+        try:
+            os.listdir(probe)
+        except PermissionError:
+            pass
+        else:
+            print(json.dumps({"readable": True}))
+            sys.exit(0)
+    try:
+        report = convert_imagefolder(root, out, size=16, progress=False, **options)
+    except FastdataError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    else:
+        print(json.dumps({"num_samples": report.num_samples, "skipped": report.skipped, "text": str(report)}))
+    """
+)
+
+
+def convert_in_child(root, out, unprivileged=False, probe=None, timeout=120, **options):
+    """Convert in a child process (killed with its workers after ``timeout``); return its report as a dict.
+
+    ``unprivileged``: the child obeys file modes even as root (see
+    _drop_file_permission_override); ``probe``: a folder that must be
+    unreadable to the child, or the test is skipped.
+    """
+    root_user = unprivileged and os.geteuid() == 0
+    options = json.dumps({**options, "probe": None if probe is None else os.fspath(probe)})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONVERT_SCRIPT, os.fspath(root), os.fspath(out), options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_drop_file_permission_override if root_user else None,
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail(f"the conversion did not finish in {timeout}s ({options})")
+    if child.returncode != 0 and root_user and "prctl" in stderr:
+        pytest.skip(f"cannot drop root's file permission override here: {stderr.strip().splitlines()[-1]}")
+    assert child.returncode == 0, stderr
+    result = json.loads(stdout)
+    if result.get("readable"):
+        pytest.skip(f"cannot make {probe} unreadable here (root without CAP_SETPCAP?)")
+    return result
+
+
+@pytest.fixture
+def locked_root(source_copy):
+    """source_copy with class_0/locked (3 more images) made unreadable; the mode is restored at teardown."""
+    rng = np.random.default_rng(5)
+    locked = source_copy / "class_0" / "locked"
+    locked.mkdir()
+    for index in range(3):
+        write_random_png(locked / f"{index}.png", rng)
+    locked.chmod(0)
+    yield source_copy
+    locked.chmod(0o755)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unreadable_nested_folder_is_reported_as_skipped(locked_root, tmp_path, workers):
+    locked = locked_root / "class_0" / "locked"
+    result = convert_in_child(locked_root, tmp_path / "out.h5", unprivileged=True, probe=locked, workers=workers)
+    assert result["num_samples"] == NUM_SAMPLES
+    assert len(result["skipped"]) == 1
+    path, reason = result["skipped"][0]
+    assert path == os.path.join("class_0", "locked")
+    assert "folder cannot be read" in reason and "Permission denied" in reason
+    assert "1 skipped" in result["text"] and "skipped class_0/locked: folder cannot be read" in result["text"]
+
+
+def test_unreadable_nested_folder_raises_with_on_error_raise(locked_root, tmp_path):
+    locked = locked_root / "class_0" / "locked"
+    result = convert_in_child(locked_root, tmp_path / "out.h5", unprivileged=True, probe=locked, on_error="raise")
+    assert result["error"] == "SourceError"
+    assert "'class_0/locked'" in result["message"] and "Permission denied" in result["message"]
+    assert os.listdir(tmp_path) == ["photos"]
+
+
+def test_unreadable_class_folder_raises_naming_it(source_copy, tmp_path):
+    folder = source_copy / "class_2"
+    folder.chmod(0)
+    try:
+        result = convert_in_child(source_copy, tmp_path / "out.h5", unprivileged=True, probe=folder)
+    finally:
+        folder.chmod(0o755)
+    assert result["error"] == "SourceError"
+    assert "class folder 'class_2'" in result["message"] and "cannot be read (Permission denied)" in result["message"]
+    assert os.listdir(tmp_path) == ["photos"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fifo_named_like_an_image_is_skipped_not_waited_on(source_copy, tmp_path, workers):
+    os.mkfifo(source_copy / "class_1" / "pipe.jpg")
+    result = convert_in_child(source_copy, tmp_path / "out.arrow", timeout=60, workers=workers)
+    assert result["num_samples"] == NUM_SAMPLES
+    assert result["skipped"] == [
+        [os.path.join("class_1", "pipe.jpg"), "OSError: not a regular file but a FIFO (named pipe); left unopened"]
+    ]
+
+
+def test_sockets_and_devices_named_like_images_are_skipped_with_their_kind(source_copy, tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.chdir(source_copy / "class_1")  # a socket path must be short
+    server = socket.socket(socket.AF_UNIX)
+    server.bind("socket.png")
+    os.symlink(os.devnull, "null.jpg")
+    try:
+        report = convert(source_copy, tmp_path / "out.h5", workers=2)
+    finally:
+        server.close()
+    assert report.num_samples == NUM_SAMPLES
+    assert report.skipped == [
+        (os.path.join("class_1", "null.jpg"), "OSError: not a regular file but a character device; left unopened"),
+        (os.path.join("class_1", "socket.png"), "OSError: not a regular file but a socket; left unopened"),
+    ]
 
 
 # ---------------------------------------------------------------- determinism
