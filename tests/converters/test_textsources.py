@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from support import stored_sequences
 
 from fastdata import SourceError, Tokenizer, convert_text
-from fastdata.converters import textsources
+from fastdata.converters import tables
 from fastdata.converters.textsources import read_source
 
 LABELS = ("neg", "pos")
@@ -101,7 +101,7 @@ def test_field_over_128_kib_is_read(tmp_path):
 
 
 def test_field_still_too_large_is_skipped_naming_its_lines(tmp_path, monkeypatch):
-    monkeypatch.setattr(textsources, "_MAX_FIELD", 150_000)  # instead of writing a 2 GiB field
+    monkeypatch.setattr(tables, "_MAX_FIELD", 150_000)  # instead of writing a 2 GiB field
     rows = plain_rows(20)
     rows[10] = ("a long text\n" * 20_000, "pos")
     report = convert(write_csv(tmp_path / "big.csv", rows), tmp_path / "big.h5")
