@@ -4,8 +4,10 @@ Session-scoped files are read by many tests and never modified; a test that
 needs to change a file copies it into its own ``tmp_path`` first.
 """
 
+import os
 import shutil
 import signal
+import subprocess
 
 import pytest
 from support import (
@@ -110,3 +112,27 @@ def packed_text(text_corpus, tmp_path_factory):
 @pytest.fixture(params=list(FORMATS))
 def text_fmt(request):
     return request.param
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """Return ``mount(size, read_only=False) -> folder``: a tmpfs of ``size`` bytes, unmounted at teardown.
+
+    Mounting needs root; the test is skipped where it is not allowed.
+    """
+    mounted = []
+
+    def mount(size, read_only=False):
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", os.fspath(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'mount failed'}); needs root")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "--lazy", os.fspath(folder)], check=False)

@@ -14,7 +14,7 @@ from PIL import Image
 from fastdata.codecs.images import ImageSpec, decode_jpeg, encode_jpeg, image_extensions, load_image
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
-from fastdata.converters.staging import staged_output
+from fastdata.converters.staging import allocated_memmap, staged_output
 from fastdata.errors import SourceError
 from fastdata.formats import Columns, write_packed
 
@@ -344,7 +344,7 @@ class _RawSink:
     def __init__(self, staging, capacity, spec):
         shape = (capacity, 3, spec.height, spec.width)
         path = os.path.join(staging, "images.u8")
-        self._images = np.memmap(path, mode="w+", dtype=np.uint8, shape=shape)
+        self._images = allocated_memmap(path, np.uint8, shape)  # see NOTE [allocated maps]
         self.rows = (path, shape)
         self._kept = []
 

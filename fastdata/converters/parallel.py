@@ -1,6 +1,8 @@
 """Ordered parallel map over worker processes, with a progress bar."""
 
+import ctypes
 import multiprocessing
+import os
 import signal
 import threading
 from collections import deque
@@ -49,8 +51,10 @@ class _ProgressBar(tqdm):
 
 
 def _start_pool(workers):
-    context = multiprocessing.get_context(_start_method())
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_sigint)
+    method = _start_method()
+    parent = None if method == "forkserver" else os.getpid()  # the process that starts the workers
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
+                               initargs=(parent,))
     pool.submit(int).result()  # fork (or spawn) the workers now
     return pool
 
@@ -77,9 +81,31 @@ def _map_chunk(fn, chunk):
     return [fn(item) for item in chunk]
 
 
-def _ignore_sigint():
+def _init_worker(parent):
     # Ctrl-C is handled once, in the parent, which stops the pool and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent):
+    """Have the kernel kill this worker when the process that started it exits (Linux).
+
+    NOTE [orphaned workers]: a parent killed with SIGKILL cannot stop its
+    pool, and its workers waited on the task queue forever, holding their
+    memory. With PR_SET_PDEATHSIG the kernel sends SIGKILL to the worker when
+    its parent exits (the converting process, or the forkserver, which exits
+    with it). A parent that died before this call is caught by the check
+    after it: the worker was given to another parent.
+    """
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # no prctl: not Linux
+        pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 def _start_method():

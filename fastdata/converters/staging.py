@@ -1,42 +1,69 @@
 """Atomic output: a conversion writes into a hidden staging folder beside OUT.
 
-OUT appears (by one rename) only once the file is complete; any failure,
-Ctrl-C or SIGTERM removes the staging folder, so no half-written file is
-ever left behind or mistaken for a finished one.
+OUT appears (by one link or rename) only once the file is complete; any
+failure, Ctrl-C or SIGTERM removes the staging folder, so no half-written
+file is ever left behind or mistaken for a finished one. A staging folder
+left by a killed conversion is removed by the next conversion into the same
+folder (see NOTE [staging owner]).
 """
 
 import errno
 import os
+import re
 import shutil
+import signal
+import socket
+import sys
 import tempfile
+import threading
+import zlib
 from contextlib import contextmanager
+
+import numpy as np
 
 from fastdata.errors import FastdataError
 from fastdata.formats import format_of
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP)
+_STAGING_NAME = re.compile(r"\.([0-9a-f]{8})-(\d+)-(\d+)-[a-z0-9_]{8}\.partial")
+
 
 @contextmanager
-def staged_output(out, overwrite=False):
+def staged_output(out, overwrite=False, source=None):
     """Yield ``(staging_dir, staged_path)``; move ``staged_path`` to ``out`` on success.
 
+    Args:
+        out: the output file.
+        overwrite: replace an existing ``out``; without it ``out`` is never replaced,
+            even when another process creates it during the conversion.
+        source: the input file, which ``out`` may not be.
+
     Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is false.
-        FastdataError: the disk filled up (nothing is left behind).
+        FileExistsError: ``out`` exists (or appeared meanwhile) and ``overwrite`` is false.
+        ValueError: ``out`` is ``source``.
+        FastdataError: the output folder is not writable, or the disk filled up
+            (nothing is left behind).
     """
     out = os.path.abspath(os.fspath(out))
     format_of(out)  # fail on a bad extension before any work
+    if source is not None and os.path.exists(out) and os.path.samefile(out, source):
+        raise ValueError(f"{out!r} is the source of this conversion; choose another output file")
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out!r} already exists; pass --overwrite to replace it")
     parent, name = os.path.split(out)
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"output folder {parent!r} does not exist")
-    staging = tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
+    staging = _make_staging(parent, name)
     try:
-        staged_path = os.path.join(staging, name)
-        yield staging, staged_path
-        os.replace(staged_path, out)
+        _remove_orphans(parent)
+        with _SignalWatch() as watch:
+            staged_path = os.path.join(staging, name)
+            yield staging, staged_path
+            watch.reraise()
+        _move(staged_path, out, overwrite)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
+        if exc.errno in _FULL:
             raise FastdataError(
                 f"no space left on the device while writing {out!r}; nothing was "
                 "written. Free some space and run the conversion again."
@@ -44,3 +71,142 @@ def staged_output(out, overwrite=False):
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def allocated_memmap(path, dtype, shape):
+    """Create ``path`` with all its disk blocks allocated; return a writable ``np.memmap`` of it.
+
+    NOTE [allocated maps]: a map of a sparse file (``np.memmap`` mode "w+")
+    takes its disk blocks when a page is first written; on a full disk that
+    write cannot return an error, so the kernel kills the writer with SIGBUS
+    (the conversion dies, or "a worker died"), leaving its staging folder on
+    the full disk. Allocating the blocks up front turns a full disk into
+    ENOSPC here, which staged_output reports. Measured on ext4, 5000 rows
+    of 224x224 (753 MB): allocating took 6-13 ms and filling the map 1.1-1.6 s
+    (3.6-7.1 s sparse); 1000 images converted at 224 px in 3.8-5.0 s (3.6-5.6 s
+    sparse), 2 workers.
+
+    Raises:
+        OSError: ENOSPC or EDQUOT when the disk has no room.
+    """
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    with open(path, "wb") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, size)
+        except OSError as exc:
+            if exc.errno in _FULL:
+                raise
+            f.truncate(size)  # a filesystem that cannot allocate ahead: sparse, as before
+    return np.memmap(path, mode="r+", dtype=dtype, shape=shape)
+
+
+def _make_staging(parent, name):
+    """Create the staging folder, named after its owner (see NOTE [staging owner])."""
+    host, pid, start = _owner(os.getpid())
+    try:
+        return tempfile.mkdtemp(prefix=f".{name}.{host}-{pid}-{start}-", suffix=".partial", dir=parent)
+    except OSError as exc:
+        if exc.errno in _FULL:
+            raise
+        raise FastdataError(
+            f"cannot write in the output folder {parent!r} ({exc.strerror}); "
+            "make it writable or choose another output file"
+        ) from exc
+
+
+def _remove_orphans(parent):
+    """Remove staging folders in ``parent`` whose conversion was killed on this machine.
+
+    NOTE [staging owner]: a staging folder's name holds its owner: a hash of
+    the host name, the process id and the process start time (clock ticks
+    since boot, from /proc). A folder of this host whose pid is gone, a
+    zombie, or now a different process (another start time) is an orphan. A
+    folder of another host (a shared network folder) is left alone. Without
+    /proc nothing is removed.
+    """
+    host = _owner(os.getpid())[0]
+    try:
+        names = [name for name in os.listdir(parent) if name.endswith(".partial")]
+    except OSError:  # a folder we may write in but not list
+        return
+    for name in names:
+        match = _STAGING_NAME.search(name)
+        if match and match[1] == host and match[3] != "0" and _owner(int(match[2]))[2] != int(match[3]):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
+def _owner(pid):
+    """Return ``(host hash, pid, start time)`` of a process; start time 0 where it is gone or unknown."""
+    host = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the command name may hold spaces
+    except OSError:
+        return host, pid, 0
+    return host, pid, 0 if fields[0] == b"Z" else int(fields[19])
+
+
+def _move(staged_path, out, overwrite):
+    if overwrite:
+        os.replace(staged_path, out)
+        return
+    # A hard link fails if out exists, where a rename would replace a file
+    # that another conversion created meanwhile.
+    try:
+        os.link(staged_path, out)
+    except FileExistsError as exc:
+        raise FileExistsError(f"{out!r} already exists (written by another process during this conversion); "
+                              "nothing was written. Pass --overwrite to replace it") from exc
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        if os.path.exists(out):  # a filesystem without hard links: check, then rename
+            raise FileExistsError(f"{out!r} already exists; pass --overwrite to replace it") from exc
+        os.replace(staged_path, out)
+
+
+class _SignalWatch:
+    """Remember an exception that a SIGINT or SIGTERM handler raised, to raise it again.
+
+    NOTE [swallowed signals]: a signal that arrives while h5py writes is
+    handled when Python code next runs, which can be a weakref callback that
+    h5py's C code calls; an exception raised there is printed as "Exception
+    ignored" and dropped, and the conversion went on to exit 0 (9 of 9
+    trials). The watch wraps the handlers, keeps that exception from being
+    printed, and raises it again before OUT is moved into place. Handlers
+    live in the main thread only.
+    """
+
+    def __init__(self):
+        self._handlers, self._hook, self._raised = {}, None, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                handler = signal.getsignal(signum)
+                if callable(handler):
+                    self._handlers[signum] = handler
+                    signal.signal(signum, self._handle)
+            self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
+        return self
+
+    def _handle(self, signum, frame):
+        try:
+            self._handlers[signum](signum, frame)
+        except BaseException as exc:
+            self._raised = exc
+            raise
+
+    def _unraisable(self, unraisable):
+        if unraisable.exc_value is not self._raised:
+            self._hook(unraisable)
+
+    def reraise(self):
+        if self._raised is not None:
+            raise self._raised
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._handlers.items():
+            signal.signal(signum, handler)
+        if self._hook is not None:
+            sys.unraisablehook = self._hook

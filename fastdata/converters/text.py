@@ -24,7 +24,7 @@ import numpy as np
 from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
-from fastdata.converters.staging import staged_output
+from fastdata.converters.staging import allocated_memmap, staged_output
 from fastdata.converters.textsources import (
     SOURCE_FORMATS,
     UNLABELED_FOLDER,
@@ -88,11 +88,8 @@ def convert_text(
         source_format: one of SOURCE_FORMATS; default from ``src``.
         text_field: CSV column or JSON field holding the text.
         label_field: CSV column or JSON field holding the label, or None for
-            unlabeled data. Integer labels that are class indices (all
-            below 1,024, or at least half of ``0..max`` present) are kept;
-            other labels (strings, ids, negative or huge integers) become
-            indices in sorted order. Booleans become 0/1. Either way
-            ``classes[label]`` is the label as written.
+            unlabeled data. Integer labels are kept; string labels become
+            class indices in sorted order, stored with their names.
         include_unsup: folder source: also store the ``unsup`` folder's
             texts, with label -1.
         workers: processes to tokenize with; default all cores. The file
@@ -115,7 +112,7 @@ def convert_text(
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
-    with staged_output(out, overwrite) as (staging, staged_path):
+    with staged_output(out, overwrite, source=src) as (staging, staged_path):
         spec_path = os.path.join(staging, "tokenizer.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(probe.to_dict(), f)
@@ -375,7 +372,7 @@ class _TokenSink:
         """Rewrite every stored id ``i`` as ``table[i]`` in ``dtype``."""
         path = os.path.join(self._staging, "tokens.final.bin")
         old = self.values()
-        new = np.memmap(path, mode="w+", dtype=dtype, shape=old.shape)
+        new = allocated_memmap(path, dtype, old.shape)  # see NOTE [allocated maps]
         for start in range(0, len(old), _REMAP_CHUNK):
             np.take(table, old[start : start + _REMAP_CHUNK], out=new[start : start + _REMAP_CHUNK])
         new.flush()
