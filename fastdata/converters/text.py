@@ -88,8 +88,11 @@ def convert_text(
         source_format: one of SOURCE_FORMATS; default from ``src``.
         text_field: CSV column or JSON field holding the text.
         label_field: CSV column or JSON field holding the label, or None for
-            unlabeled data. Integer labels are kept; string labels become
-            class indices in sorted order, stored with their names.
+            unlabeled data. Integer labels that are class indices (all
+            below 1,024, or at least half of ``0..max`` present) are kept;
+            other labels (strings, ids, negative or huge integers) become
+            indices in sorted order. Booleans become 0/1. Either way
+            ``classes[label]`` is the label as written.
         include_unsup: folder source: also store the ``unsup`` folder's
             texts, with label -1.
         workers: processes to tokenize with; default all cores. The file
