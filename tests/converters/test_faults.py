@@ -1,5 +1,6 @@
 """Conversion faults, in real processes: full disks, kills and signals, racing and unwritable outputs."""
 
+import errno
 import glob
 import os
 import signal
@@ -10,7 +11,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from support import folder_listing
+from support import FORMATS, folder_listing
 
 from fastdata import FastdataError, convert_imagefolder, convert_text
 from fastdata.cli import main
@@ -99,6 +100,15 @@ def test_full_disk_with_raw_storage_is_reported_and_leaves_nothing(source_root, 
                     "--workers", workers, "--quiet")
     assert done.returncode == 1, done.stderr
     assert "Error: no space left on the device" in done.stderr
+    assert folder_listing(disk) == []
+
+
+@pytest.mark.parametrize("ext", FORMATS.values())
+def test_full_disk_during_the_final_write_is_reported_and_leaves_nothing(source_root, small_disk, ext):
+    disk = small_disk(1 << 20)  # room for the 0.7 MB of raw rows, not for the file written from them too
+    with pytest.raises(FastdataError, match="no space left on the device") as info:
+        convert_imagefolder(source_root, disk / f"out{ext}", size=100, workers=1, progress=False)
+    assert info.value.__cause__.errno == errno.ENOSPC
     assert folder_listing(disk) == []
 
 
