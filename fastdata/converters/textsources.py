@@ -1,4 +1,4 @@
-"""Reading text sources for convert_text: folders of .txt files, CSV/TSV, JSON Lines, plain lines.
+"""Reading text sources for convert_text: folders of .txt files, CSV/TSV, JSON Lines (or one .json array), plain lines.
 
 Each reader returns an ``_Inputs``: one entry per input sample, with its name
 for messages, its text (or the path to read it from), its raw label, and the
@@ -154,6 +154,8 @@ def _read_lines(path):
 
 
 def _read_jsonl(path, text_field, label_field):
+    if path.lower().endswith(".json") and _is_json_array(path):
+        return _read_json_array(path, text_field, label_field)
     inputs, name = _Inputs("jsonl"), os.path.basename(path)
     with open(path, "rb") as f:
         for number, raw in _numbered_lines(f):
@@ -171,6 +173,28 @@ def _read_jsonl(path, text_field, label_field):
                         record, reason = None, f"expected a JSON object, got {type(record).__name__}"
             text, label, reason = _fields(record, text_field, label_field, reason)
             inputs.add(f"{name}:{number}", text, label, reason)
+    return _non_empty(inputs, path)
+
+
+def _is_json_array(path):
+    with open(path, "rb") as f:
+        start = f.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
+    return start.startswith(b"[")
+
+
+def _read_json_array(path, text_field, label_field):
+    """Read a ``.json`` file holding one array of objects, named ``file.json[index]``."""
+    inputs, name = _Inputs("jsonl"), os.path.basename(path)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            records = json.load(f)
+    except ValueError as exc:  # bad JSON or bad UTF-8: nothing in the array can be trusted
+        raise SourceError(f"{path!r} is not a valid JSON array: {exc}; fix it, or write one object per "
+                          "line (JSON Lines, .jsonl) so that a bad line costs only that line") from exc
+    for index, record in enumerate(records):
+        reason = None if isinstance(record, dict) else f"expected a JSON object, got {_json_type(record)}"
+        text, label, reason = _fields(record if reason is None else None, text_field, label_field, reason)
+        inputs.add(f"{name}[{index}]", text, label, reason)
     return _non_empty(inputs, path)
 
 

@@ -265,3 +265,38 @@ def test_jsonl_round_trip(tmp_path, records, ensure_ascii):
     inputs = read_source(str(path), "jsonl", "text", "label", False)
     assert inputs.reasons == {}
     assert inputs.payloads == [text for text, _ in records] and inputs.labels == [lab for _, lab in records]
+
+
+def test_json_array_file(tmp_path):
+    rows = plain_rows(5)
+    records = [{"text": t, "label": lab} for t, lab in rows] + [["not", "an", "object"]]
+    src = tmp_path / "a.json"
+    src.write_text(json.dumps(records, indent=2), encoding="utf-8")
+    report = convert(src, tmp_path / "a.h5")
+    assert report.skipped == [("a.json[5]", "expected a JSON object, got list")]
+    assert_stored(report.path, rows)
+    src.write_text(json.dumps(records, indent=2)[:-20], encoding="utf-8")
+    with pytest.raises(SourceError, match=r"'.*a.json' is not a valid JSON array: .*line \d+ column \d+.*\.jsonl"):
+        convert(src, tmp_path / "b.h5")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.one_of(st.integers(min_value=-2**80, max_value=2**80), st.integers(0, 3000)),
+                       min_size=1, max_size=30))
+def test_integer_labels_name_their_class(tmp_path, values):
+    src = tmp_path / "l.jsonl"
+    src.write_text("".join(json.dumps({"text": "a text", "label": v}) + "\n" for v in values))
+    _, labels, metadata = stored_sequences(convert(src, tmp_path / "l.h5", overwrite=True).path)
+    assert [metadata["classes"][label] for label in labels] == [str(v) for v in values]
+    assert len(metadata["classes"]) <= max(len(set(values)), 1024, 2 * len(set(values)))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"),
+                              min_size=1).filter(lambda t: t.strip() and not t.startswith("\ufeff")),
+                      min_size=1, max_size=12))
+def test_lines_round_trip(tmp_path, lines):
+    path = tmp_path / "r.txt"
+    path.write_bytes("\n".join(lines).encode() + b"\n")
+    inputs = read_source(str(path), "lines", "text", "label", False)
+    assert inputs.reasons == {} and inputs.payloads == lines
