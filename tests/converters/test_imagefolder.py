@@ -791,3 +791,43 @@ def test_conversion_leaves_no_thread_running(source_root, tmp_path):
     for index in range(2):
         convert_imagefolder(source_root, tmp_path / f"out{index}.h5", size=16, workers=2, progress=True)
     assert threading.active_count() == before
+
+
+# ---------------------------------------------------------------- quiet C libraries
+
+
+@pytest.fixture
+def odd_tiffs_root(source_copy):
+    """source_copy plus two damaged TIFFs in class_2: a Group 4 one that decodes, an LZW one that does not."""
+    rng = np.random.default_rng(6)
+    folder = source_copy / "class_2"
+    Image.fromarray(rng.integers(0, 2, (64, 64), dtype=np.uint8) * 255).convert("1").save(
+        folder / "fax.tif", compression="group4"
+    )
+    data = bytearray((folder / "fax.tif").read_bytes())
+    data[8:300] = bytes(b ^ 0x5A for b in data[8:300])  # bad code words in the strip
+    (folder / "fax.tif").write_bytes(data)
+    Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(folder / "lzw.tif", compression="tiff_lzw")
+    data = bytearray((folder / "lzw.tif").read_bytes())
+    data[100:3000] = rng.integers(0, 256, 2900, dtype=np.uint8).tobytes()  # codes not yet in the table
+    (folder / "lzw.tif").write_bytes(data)
+    return source_copy
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_libtiff_messages_stay_off_the_terminal(odd_tiffs_root, tmp_path, capfd, workers):
+    capfd.readouterr()
+    report = convert(odd_tiffs_root, tmp_path / "out.h5", workers=workers)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    assert report.num_samples == NUM_SAMPLES + 1  # fax.tif decodes, with warnings
+    [(path, reason)] = report.skipped
+    assert path == os.path.join("class_2", "lzw.tif")
+    assert reason.startswith("OSError: decoder error") and "(C library: " in reason, reason
+
+
+def test_stderr_works_again_after_a_quiet_decode(odd_tiffs_root, tmp_path, capfd):
+    convert(odd_tiffs_root, tmp_path / "out.h5")
+    capfd.readouterr()
+    os.write(2, b"still here\n")
+    assert capfd.readouterr().err == "still here\n"
