@@ -6,12 +6,12 @@ the end of the file (a 1,000-row file once became 510 rows in one sample and
 0 skipped). A record spanning lines is taken for such a quote when the quote
 is still open at the end of the file, or when the record is not valid CSV
 (read strictly: the closing quote is followed by more text, as when it is
-the opening quote of a later row) and each line strictly inside it reads on
-its own as a whole row (as many fields as the header, non-empty text and
-label; blank lines aside). Its first line is then skipped with the reason and
-reading resumes on its second line, so the rows it swallowed are kept. A
-CSV writer's output is valid, so its texts spanning lines are never taken
-apart; a quote closed on the very next line merges two rows unnoticed.
+the opening quote of a later row) and each line strictly inside it (the
+second line, for a record of two lines) reads on its own as a whole row (as
+many fields as the header, non-empty text and label; blank lines aside).
+Its first line is then skipped with the reason and reading resumes on its
+second line, so the rows it swallowed are kept. A CSV writer's output is
+valid, so its texts spanning lines are never taken apart.
 """
 
 import csv
@@ -39,7 +39,7 @@ def read_rows(path, delimiter, text_field, label_field):
         table = _Table(f, delimiter)
         columns = _check_header(path, table.header(path), text_field, label_field)
         for first, taken, row, reason in table.records():
-            if table.open_at_end or (len(taken) > 2 and _swallowed_rows(taken, delimiter, columns)):
+            if table.open_at_end or (len(taken) > 1 and _swallowed_rows(taken, delimiter, columns)):
                 table.reread(taken[1:])  # see NOTE [unmatched quotes]
                 row, reason = None, _unmatched_quote_reason(first, taken, table.open_at_end)
             if row is None and reason is None:
@@ -124,15 +124,18 @@ def _lines_note(taken):
 
 
 def _unmatched_quote_reason(first, taken, open_at_end):
-    where = "still open at the end of the file" if open_at_end else f"closed on line {taken[-1][0]}"
-    swallowed = f"; lines {first + 1}-{taken[-1][0]} read as rows instead" if len(taken) > 1 else ""
-    return f"unmatched quote starting at line {first} ({where}){swallowed}"
+    last = taken[-1][0]
+    reason = f"unmatched quote starting at line {first} "
+    reason += "(still open at the end of the file)" if open_at_end else f"(closed on line {last})"
+    if last == first + 1:
+        return reason + f"; line {last} read as a row instead"
+    return reason + (f"; lines {first + 1}-{last} read as rows instead" if last > first else "")
 
 
 def _swallowed_rows(taken, delimiter, columns):
     """Whether a record spanning lines is an unmatched quote (see NOTE [unmatched quotes])."""
-    inner = [line for _, line in taken[1:-1] if line.strip()]
-    if columns.width < 2 or not inner or _is_valid_csv([line for _, line in taken], delimiter):
+    inner = [line for _, line in taken[1:-1] if line.strip()] or [taken[-1][1]]  # two lines: the second
+    if columns.width < 2 or _is_valid_csv([line for _, line in taken], delimiter):
         return False  # one column: every line reads as a row; only a quote open at the end is found
     return all(columns.is_row(next(csv.reader([line], delimiter=delimiter), [])) for line in inner)
 

@@ -25,10 +25,10 @@ def plain_rows(count):
     return [(f"review {i} was {'dull' if i % 2 else 'fine'} overall", LABELS[i % 2]) for i in range(count)]
 
 
-def write_csv(path, rows, header=("text", "label"), raw=None):
+def write_csv(path, rows, header=("text", "label"), raw=None, delimiter=","):
     """Write ``rows`` with the csv module; ``raw`` maps a row index to a line written as is instead."""
     with open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f)
+        writer = csv.writer(f, delimiter=delimiter)
         writer.writerow(header)
         for index, row in enumerate(rows):
             if raw and index in raw:
@@ -52,13 +52,24 @@ def assert_stored(path, rows):
 # ----- unmatched quotes ---------------------------------------------------------------------------------
 
 
-def test_unmatched_quote_is_reported_and_the_rows_it_swallowed_are_kept(tmp_path):
+@pytest.mark.parametrize("name, delimiter", [("q.csv", ","), ("q.tsv", "\t")])
+def test_unmatched_quote_is_reported_and_the_rows_it_swallowed_are_kept(tmp_path, name, delimiter):
     rows = plain_rows(1000)
-    raw = {8: f'"{rows[8][0]},{rows[8][1]}\r\n'}  # line 10 opens a quote it never closes
+    raw = {8: f'"{rows[8][0]}{delimiter}{rows[8][1]}\r\n'}  # line 10 opens a quote it never closes
     rows[498] = (f'she said "{rows[498][0]}"', rows[498][1])  # line 500 is quoted: its quote closes line 10's
-    report = convert(write_csv(tmp_path / "q.csv", rows, raw=raw), tmp_path / "q.h5")
-    assert report.skipped == [("q.csv:10", "unmatched quote starting at line 10 (closed on line 500); "
-                                           "lines 11-500 read as rows instead")]
+    report = convert(write_csv(tmp_path / name, rows, raw=raw, delimiter=delimiter), tmp_path / "q.h5")
+    assert report.skipped == [(f"{name}:10", "unmatched quote starting at line 10 (closed on line 500); "
+                                             "lines 11-500 read as rows instead")]
+    assert_stored(report.path, rows[:8] + rows[9:])
+
+
+def test_unmatched_quote_closed_on_the_next_line(tmp_path):
+    rows = plain_rows(20)
+    rows[9] = ('a 5" screen', "neg")  # a quote inside an unquoted text (the csv module keeps it)
+    src = write_csv(tmp_path / "q.csv", rows, raw={8: '"an opening quote,pos\n', 9: 'a 5" screen,neg\n'})
+    report = convert(src, tmp_path / "q.h5")
+    assert report.skipped == [("q.csv:10", "unmatched quote starting at line 10 (closed on line 11); "
+                                           "line 11 read as a row instead")]
     assert_stored(report.path, rows[:8] + rows[9:])
 
 
