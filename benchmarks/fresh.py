@@ -1,7 +1,13 @@
 """Fresh measuring processes, forked from one clean process that imported the heavy modules once.
 
-NOTE [zygote]: every row is measured in a new process (see NOTE [fresh
-process per row] in images.py). Spawning one costs ~1.7 s on 2 cores, most
+NOTE [fresh process per row]: every row is measured in a newly spawned
+process, as a training script would run it. Fresh batch arrays of a few MB
+are served by glibc malloc either from reused heap memory or from new pages
+(a minor page fault per 4 KB), depending on what the process allocated and
+freed before; in one process shared by all rows, a row's rate depended on
+the rows run before it.
+
+NOTE [zygote]: spawning a process costs ~1.7 s on 2 cores, most
 of it importing torch, and the suite measures ~150 rows. So one "zygote"
 process is spawned at the start; it imports the modules the rows need and
 does nothing else. Each row runs in a fork of it: a new process whose heap
@@ -9,7 +15,7 @@ holds only what those imports allocated, as a training script's does when
 it reaches its loop. The request is unpickled in the row's process, so the
 zygote never imports a row's module or allocates for it.
 
-Only the standard library is imported at module level (see NOTE [light main]).
+Only the standard library is imported at module level (see NOTE [light main] in sections/images.py).
 """
 
 import importlib
@@ -66,9 +72,7 @@ class FreshProcesses:
             RuntimeError: ``fn`` raised (with the child's traceback) or its process died.
         """
         if self._conn is None:
-            from _timing import run_isolated  # no fork: a spawned process per call
-
-            return run_isolated(fn, *args)
+            return run_isolated(fn, *args)  # no fork: a spawned process per call
         try:
             self._conn.send_bytes(pickle.dumps((fn, args)))
             ok, value = pickle.loads(self._conn.recv_bytes())
@@ -109,6 +113,40 @@ class FreshProcesses:
         return False
 
 
+def run_isolated(fn, *args):
+    """Return ``fn(*args)`` computed in a newly spawned Python process.
+
+    ``fn`` must be importable by name in the child; its output is shared.
+    The child's own subprocesses (DataLoader workers) use this process's
+    start method, as they would in a script run directly.
+
+    Raises:
+        RuntimeError: ``fn`` raised (the child's traceback is in the message) or the child died.
+    """
+    context = multiprocessing.get_context("spawn")
+    reply = _reply_of(context, multiprocessing.get_start_method(), pickle.dumps((fn, args)))
+    ok, value = pickle.loads(reply)
+    if not ok:
+        raise RuntimeError(f"measuring in a child process failed:\n{value}")
+    return value
+
+
+def _reply_of(context, start_method, request):
+    """Run ``request`` in a new process of ``context``; return its pickled ``(ok, value)``."""
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_row, args=(sender, start_method, request), name="benchmark-row")
+    process.start()
+    sender.close()
+    try:
+        reply = receiver.recv_bytes()
+    except EOFError:
+        process.join()
+        reply = pickle.dumps((False, f"the measuring process died with exit code {process.exitcode}"))
+    receiver.close()
+    process.join()
+    return reply
+
+
 def _zygote(conn, preload, start_method):
     for name in preload:
         importlib.import_module(name)
@@ -120,18 +158,7 @@ def _zygote(conn, preload, start_method):
             return
         if not request:
             return
-        receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=_row, args=(sender, start_method, request), name="benchmark-row")
-        process.start()
-        sender.close()
-        try:
-            reply = receiver.recv_bytes()
-        except EOFError:
-            process.join()
-            reply = pickle.dumps((False, f"the measuring process died with exit code {process.exitcode}"))
-        receiver.close()
-        process.join()
-        conn.send_bytes(reply)
+        conn.send_bytes(_reply_of(context, start_method, request))
 
 
 def _row(sender, start_method, request):

@@ -1,6 +1,6 @@
 """The suite's synthetic inputs, made once and cached in the work folder.
 
-* photos: ImageFolder of photo-like 500x375 JPEGs (images.py makes them);
+* photos: ImageFolder of photo-like 500x375 JPEGs;
 * tiny: ImageFolder of photo-like 32x32 JPEGs (CIFAR-sized);
 * reviews: IMDB-like tree of review-like ``.txt`` files;
 * packed files converted from them, and packed files with the rows of a
@@ -15,34 +15,80 @@ import os
 import shutil
 import time
 
-import images
 import numpy as np
 
 from fastdata import convert_imagefolder, convert_text
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
-IMAGE_FILES = images.FILES  # (format, storage, extension)
+PHOTO_SIZE = (500, 375)  # width, height of the synthetic source photos
+PHOTO_QUALITY = 90
+IMAGE_FILES = (("hdf5", "raw", ".h5"), ("hdf5", "jpeg", ".h5"), ("arrow", "raw", ".arrow"), ("arrow", "jpeg", ".arrow"))
 TEXT_FILES = (("hdf5", ".h5"), ("arrow", ".arrow"))
 TINY_SIZE = (32, 32)
 
 
 def photo_folder(workdir, num_images, seed):
-    """Return ``(root, paths, labels, info)`` of the 500x375 photo folder (shared with images.py)."""
-    root, info = images.prepare_imagefolder(os.path.join(workdir, "images"), num_images, seed)
-    paths, labels = images.list_images(root)
+    """Return ``(root, paths, labels, info)`` of the 500x375 photo folder under ``workdir/images``."""
+    root, info = prepare_imagefolder(os.path.join(workdir, "images"), num_images, seed)
+    paths, labels = list_images(root)
     return root, paths, labels, info
+
+
+def prepare_imagefolder(folder, num_images, seed):
+    """Return ``(root, info)`` of a synthetic ImageFolder of photos in ``folder``, generated unless cached."""
+    num_classes = min(10, max(4, num_images // 250))
+    per_class = max(1, round(num_images / num_classes))
+    params = {
+        "generator": "fastdata.measure.synthetic.make_imagefolder",
+        "num_classes": num_classes,
+        "per_class": per_class,
+        "size": list(PHOTO_SIZE),
+        "quality": PHOTO_QUALITY,
+        "seed": seed,
+    }
+    root = os.path.join(folder, f"imagefolder-{num_classes}x{per_class}-seed{seed}")
+    seconds = _cached(root, params, lambda: make_imagefolder(root, num_classes, per_class, PHOTO_SIZE, seed,
+                                                             PHOTO_QUALITY),
+                      complete=lambda: len(list_images(root)[0]) == num_classes * per_class)
+    return root, {**params, "cached": seconds is None, "generate_seconds": seconds}
+
+
+def list_images(root):
+    """Return ``(paths, labels int64 [N])``: sorted class folders, sorted files."""
+    if not os.path.isdir(root):
+        return [], np.empty(0, np.int64)
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        files = sorted(f for f in os.listdir(os.path.join(root, name)) if f.endswith(".jpg"))
+        paths += [os.path.join(root, name, f) for f in files]
+        labels += [label] * len(files)
+    return paths, np.asarray(labels, dtype=np.int64)
+
+
+def read_all(paths):
+    """Read every file once so that all methods start from a warm page cache; return bytes read."""
+    total = 0
+    for path in paths:
+        with open(path, "rb") as f:
+            total += len(f.read())
+    return total
+
+
+def image_file(workdir, count, size, storage, ext):
+    """Return the path of ``count`` photos packed at ``size`` (the images section converts and times it)."""
+    return os.path.join(workdir, "images", f"{count}-images-{size}px-{storage}{ext}")
 
 
 def packed_images(workdir, num_images, size, seed):
     """Return ``{"hdf5-raw": path, ...}`` of the photo folder converted at ``size``, converting missing files.
 
-    Uses the names images.py writes, so files converted (and timed) by the
-    images section are reused.
+    Files converted (and timed) by the images section are reused.
     """
     root, paths, _, _ = photo_folder(workdir, num_images, seed)
     files = {}
     for fmt, storage, ext in IMAGE_FILES:
-        path = os.path.join(workdir, "images", f"{len(paths)}-images-{size}px-{storage}{ext}")
+        path = image_file(workdir, len(paths), size, storage, ext)
         if not _complete(path, len(paths), size=size):
             convert_imagefolder(root, path, size=size, storage=storage, overwrite=True, progress=False)
         files[f"{fmt}-{storage}"] = path
@@ -55,7 +101,8 @@ def tiny_folder(workdir, num_images, seed):
     per_class = max(1, num_images // num_classes)
     params = {"num_classes": num_classes, "per_class": per_class, "size": list(TINY_SIZE), "seed": seed}
     root = os.path.join(workdir, "tiny", f"imagefolder-{num_classes}x{per_class}-32px-seed{seed}")
-    return _cached(root, params, lambda: make_imagefolder(root, num_classes, per_class, TINY_SIZE, seed, 90))
+    _cached(root, params, lambda: make_imagefolder(root, num_classes, per_class, TINY_SIZE, seed, 90))
+    return root
 
 
 def repeated_tiny(workdir, num_images, seed, size, num_samples):
@@ -64,7 +111,7 @@ def repeated_tiny(workdir, num_images, seed, size, num_samples):
     The converted rows are repeated in order until there are ``num_samples``.
     """
     root = tiny_folder(workdir, num_images, seed)
-    count = len(images.list_images(root)[0])
+    count = len(list_images(root)[0])
     files = {}
     for fmt, ext in TEXT_FILES:  # the same two containers
         converted = os.path.join(workdir, "tiny", f"{count}-tiny-{size}px-raw{ext}")
@@ -159,19 +206,25 @@ def _complete(path, num_samples, size=None, shape=None):
             and (shape is None or stored == list(shape)))
 
 
-def _cached(root, params, make):
+def _cached(root, params, make, complete=lambda: True):
+    """Make ``root`` with ``make()`` unless its marker (written last) holds ``params``.
+
+    Returns:
+        the seconds ``make()`` took, or None where ``root`` was cached.
+    """
     marker = os.path.join(root, ".params.json")
     try:
         with open(marker) as f:
-            if json.load(f) == params:
-                return root
+            if json.load(f) == params and complete():
+                return None
     except (OSError, ValueError):
         pass
     shutil.rmtree(root, ignore_errors=True)
     print(f"making {root} (cached for later runs) ...", flush=True)
     started = time.perf_counter()
     make()
+    seconds = time.perf_counter() - started
     with open(marker, "w") as f:
-        json.dump({**params}, f)
-    print(f"  made in {time.perf_counter() - started:.1f}s", flush=True)
-    return root
+        json.dump(params, f)
+    print(f"  made in {seconds:.1f}s", flush=True)
+    return seconds

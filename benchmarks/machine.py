@@ -1,142 +1,47 @@
-"""What the operating system says: per-process memory, worker processes, page-cache residency.
+"""The machine around a run: other processes' CPU use, the CUDA device, the page cache.
 
-NOTE [worker memory]: a worker's USS (private pages) grows for two
-different reasons. Copy-on-write copies of the parent's heap (Python
-objects whose reference counts the worker touches) and new allocations are
-private *dirty* pages: memory the worker really costs. Pages of a memory-
-mapped file that only this worker has touched are private *clean* pages:
-the page cache, shared with the kernel, dropped under memory pressure at no
-cost. So each reading records USS and PSS as usual, and also private dirty
-(``Private_Dirty`` of /proc/PID/smaps_rollup) and the file-backed share of
-PSS; the memory bars use private dirty growth, and the tables show both.
-
-Only the standard library is imported at module level; psutil on first use.
+Only the standard library is imported at module level (psutil and torch on
+first use, see NOTE [light main] in sections/images.py). Process memory is read by
+fastdata.measure.engine (see NOTE [worker memory] there).
 """
 
 import ctypes
 import mmap
 import os
 import subprocess
+import sys
+import time
 
-_FIELDS = {  # smaps_rollup line -> key
-    "Rss": "rss",
-    "Pss": "pss",
-    "Pss_Anon": "pss_anon",
-    "Pss_File": "pss_file",
-    "Pss_Shmem": "pss_shmem",
-    "Private_Clean": "private_clean",
-    "Private_Dirty": "private_dirty",
-    "Swap": "swap",
-}
-_HELPERS = ("resource_tracker", "forkserver")  # multiprocessing's own processes, not workers
+BUSY_PERCENT = 15.0  # CPU use by other processes above which figures are low and noisy
 
 
-def memory_of(pid):
-    """Return the memory of process ``pid`` in bytes (see NOTE [worker memory]), or None if it is gone.
+def busy_percent(seconds=1.0):
+    """Return the machine's CPU use in percent over ``seconds`` while this process sleeps.
 
-    Keys: rss, pss, pss_anon, pss_file, pss_shmem, private_clean,
-    private_dirty, swap and uss (private clean + private dirty).
+    Anything well above 0 is other processes competing with the benchmark.
+    Returns None without psutil.
     """
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return _memory_psutil(pid)
-    found = {}
-    for line in lines[1:]:
-        name, _, rest = line.partition(":")
-        if name in _FIELDS:
-            found[_FIELDS[name]] = int(rest.split()[0]) * 1024  # "Rss:  1764 kB"
-    found["uss"] = found.get("private_clean", 0) + found.get("private_dirty", 0)
-    return found
-
-
-def _memory_psutil(pid):
-    try:
-        import psutil
-
-        info = psutil.Process(pid).memory_full_info()
-    except Exception:  # no psutil, process gone, or not allowed
-        return None
-    return {"rss": info.rss, "pss": getattr(info, "pss", None), "uss": info.uss, "swap": getattr(info, "swap", None)}
-
-
-def child_pids():
-    """Return the pids of this process's direct children, leaving out multiprocessing's helpers."""
     try:
         import psutil
     except ImportError:
-        return _child_pids_proc()
-    pids = []
-    for child in psutil.Process().children():
-        try:
-            if not any(helper in " ".join(child.cmdline()) for helper in _HELPERS):
-                pids.append(child.pid)
-        except psutil.Error:
-            continue
-    return pids
+        return None
+    return psutil.cpu_percent(interval=seconds)
 
 
-def _child_pids_proc():
-    me, pids = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])  # field 4, after "(comm)"
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == me:
-                pids.append(int(entry))
-    return pids
+def wait_until_quiet(max_seconds, threshold=BUSY_PERCENT):
+    """Wait up to ``max_seconds`` for CPU use below ``threshold`` percent; return the last reading."""
+    deadline = time.monotonic() + max_seconds
+    busy = busy_percent()
+    while busy is not None and busy >= threshold and time.monotonic() < deadline:
+        busy = busy_percent(2.0)
+    return busy
 
 
-def worker_pids(loader):
-    """Return the pids of a DataLoader's live worker processes (persistent workers), or of all children."""
-    iterator = getattr(loader, "_iterator", None)
-    workers = getattr(iterator, "_workers", None)
-    if workers:
-        return [worker.pid for worker in workers if worker.is_alive()]
-    return child_pids()
-
-
-def memory_of_all(pids):
-    """Return ``[memory_of(pid), ...]`` for the pids still alive."""
-    readings = [memory_of(pid) for pid in pids]
-    return [reading for reading in readings if reading is not None]
-
-
-class WorkerMemoryProbe:
-    """Read worker memory after the first call of an epoch function and at the end.
-
-    ``wrap(run_epoch)`` returns an epoch function for measure_rate; the first
-    epoch (the warm-up, which starts persistent workers) is followed by a
-    reading of every child process, and ``report()`` reads them again.
-    """
-
-    def __init__(self):
-        self._pids, self._start = None, None
-
-    def wrap(self, run_epoch):
-        def epoch():
-            count = run_epoch()
-            if self._pids is None:
-                self._pids = child_pids()
-                self._start = {pid: memory_of(pid) for pid in self._pids}
-            return count
-
-        return epoch
-
-    def report(self):
-        """Return ``{"workers": n, "per_worker": [{pid, uss, pss, private_dirty, growth...}], "main": {...}}``."""
-        per_worker = []
-        for pid in self._pids or []:
-            start, end = self._start.get(pid), memory_of(pid)
-            if start is None or end is None:
-                continue
-            growth = {f"{key}_growth": end[key] - start[key] for key in ("uss", "pss", "private_dirty") if key in end}
-            per_worker.append({"pid": pid, **end, **growth})
-        return {"workers": len(per_worker), "per_worker": per_worker, "main": memory_of(os.getpid())}
+def warn_if_busy(busy, when):
+    """Print a warning when other processes used the CPUs ``when`` (e.g. "before the run")."""
+    if busy is not None and busy >= BUSY_PERCENT:
+        print(f"WARNING: other processes used {busy:.0f}% of the CPUs {when}; figures will be low and noisy "
+              "(see --wait-quiet)", file=sys.stderr, flush=True)
 
 
 def cuda_device():

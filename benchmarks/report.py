@@ -10,18 +10,13 @@ import os
 import subprocess
 import sys
 
-from _system import cuda_device
-from _timing import machine_info, markdown_table
+from benchmarks.machine import cuda_device
+from fastdata.measure.engine import describe_machine as machine_info
+from fastdata.measure.engine import installed_version, markdown_table
 
 PEER_VS_DEFAULTS = 10.0  # packed raw, defaults: about 10x the best other tool (0 workers)
 PEER_VS_WORKERS = 3.0  # packed raw, num_workers=2 forced: at least 3x the best other tool's 2-worker row
 EXTRA_VERSIONS = ("simplejpeg", "datasets", "webdataset", "psutil", "matplotlib")
-
-
-def warn_if_busy(busy, when):
-    if busy is not None and busy >= 15.0:
-        print(f"WARNING: other processes used {busy:.0f}% of the CPUs {when}; figures will be low and noisy "
-              "(see --wait-quiet)", file=sys.stderr, flush=True)
 
 
 def assemble(config, machine, sections, seconds, busy_after):
@@ -50,7 +45,7 @@ def assemble(config, machine, sections, seconds, busy_after):
 def describe_machine(fresh, busy_before):
     """Return machine_info() at the start of the run, plus the extras' versions and CUDA (asked in a fresh process)."""
     info = machine_info()
-    info["versions"].update({name: _installed(name) for name in EXTRA_VERSIONS})
+    info["versions"].update({name: installed_version(name) for name in EXTRA_VERSIONS})
     info["cuda"] = fresh.run(cuda_device)
     info["busy_percent_before"] = busy_before
     info["_code_state"] = _code_state(info.get("fastdata_file"))
@@ -68,15 +63,6 @@ def _code_state(fastdata_file):
     except (OSError, subprocess.SubprocessError):
         return None
     return hashlib.sha1(done.stdout + diff.stdout).hexdigest()
-
-
-def _installed(name):
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 # ---------------------------------------------------------------- targets
@@ -99,7 +85,7 @@ def collect_targets(sections):
     targets = []
     for size, result in (sections.get("images", {}).get("sizes") or {}).items():
         for target in result["targets"]:
-            own = "raw folder" in target["name"]  # images.py's 300x target, not in the issue
+            own = "raw folder" in target["name"]  # the images section's 300x target, not in the issue
             info = "images.py's own target (set at 64x64), not one of the issue's bars" if own else ""
             targets.append(finish({**target, "name": f"images {size}px: {target['name']}", "info": info}, "images"))
     targets += [finish(t, "images+peers") for t in peer_targets(sections)]
@@ -191,17 +177,17 @@ def machine_text(results):
 
 
 def images_text(section, config):
-    import images
+    from benchmarks.inputs import PHOTO_SIZE
 
     parts = []
     for size, result in section["sizes"].items():
         count = result["source"]["num_images"]
-        w, h = images.PHOTO_SIZE
+        w, h = PHOTO_SIZE
         parts += [f"## Images: {count} photo-like JPEGs ({w}x{h}) -> {size}x{size}, batch {config['batch_size']}, "
                   "shuffled", "", result["tables"]["loading"], "",
                   "samples/s: median of timed passes of whole epochs after a warm-up epoch, each row in a fresh "
                   f"process; rows other than the raw folder: the median of {section['process_repeats']} fresh "
-                  "processes (see NOTE [process to process] in _fresh.py). LIMIT: the faster direct copy from the "
+                  "processes (see NOTE [process to process] in fresh.py). LIMIT: the faster direct copy from the "
                   "memory map. Worker memory: mean over worker processes at the end, USS (private dirty).", "",
                   result["tables"]["jpeg_pairs"], "",
                   f"### Conversion of the {count} JPEGs to {size}x{size}", "", result["tables"]["conversion"], ""]
@@ -233,7 +219,7 @@ def peers_text(section, config):
 
 
 def sweeps_text(section, config):
-    import sweeps
+    from benchmarks.sections import sweeps
 
     parts = [f"## Sweeps ({section['num_samples']:,} images at {section['size']}x{section['size']}; samples/s)"]
     for name, points in section["sweeps"].items():
@@ -295,7 +281,7 @@ def write(results, out_dir, plots=True):
     with open(paths[1], "w") as f:
         f.write(results["markdown"])
     if plots:
-        import plots as plotting
+        from benchmarks import plots as plotting
 
         written, note = plotting.draw(results, out_dir)
         paths += written

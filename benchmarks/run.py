@@ -7,21 +7,21 @@ Run from the repository root:
     python benchmarks/run.py --only text,memory   # some sections
     python benchmarks/run.py --wait-quiet 600     # first wait for an idle machine
 
-Sections (each figure the median of timed passes after a warm-up pass,
-each row in a fresh process, see NOTE [zygote] in _fresh.py):
+Sections, one module each in benchmarks/sections/ (each figure the median
+of timed passes after a warm-up pass, each row in a fresh process, see
+NOTE [zygote] in fresh.py):
 
 * images: raw-folder Dataset (numpy array and Python list of paths), tutorial
   h5py, HDF5/Arrow raw/jpeg through make_loader, memcpy and decode limits,
-  conversions; at output sizes 64 and 224 (images.py);
+  conversions; at output sizes 64 and 224;
 * gpustep: a simulated GPU step (sleep 5 ms per batch of 256) over packed
   files with make_loader defaults: the share of time spent waiting for data;
-* text: raw .txt files tokenized per item versus packed files (text.py);
+* text: raw .txt files tokenized per item versus packed files;
 * peers: Hugging Face ``datasets``, WebDataset and the tutorial h5py pattern
-  on the same preprocessed samples (peers.py; rows skipped when missing);
-* sweeps: num_workers, batch_size, prefetch_factor, pin_memory (sweeps.py);
-* memory: per-worker memory over an epoch of a million samples, fork and
-  spawn (memory.py);
-* coldcache: first epochs with the files dropped from the page cache (coldcache.py).
+  on the same preprocessed samples (rows skipped when missing);
+* sweeps: num_workers, batch_size, prefetch_factor, pin_memory;
+* memory: per-worker memory over an epoch of a million samples, fork and spawn;
+* coldcache: first epochs with the files dropped from the page cache.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -34,7 +34,11 @@ import sys
 import time
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCHMARKS)
+if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts benchmarks/ first on sys.path
+    # Import the suite as benchmarks.*, from the repository: none of its modules shadows another.
+    sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
@@ -94,7 +98,7 @@ def run_section(name, config, fresh):
     """Run one section; return its results, or ``{"error": traceback}`` when it failed."""
     import importlib
 
-    module = importlib.import_module(_MODULES[name])
+    module = importlib.import_module(f"benchmarks.sections.{name}")
     print(f"\n=== {name} ===", flush=True)
     started = time.perf_counter()
     try:
@@ -107,18 +111,14 @@ def run_section(name, config, fresh):
     return results
 
 
-_MODULES = {"images": "image_section", "gpustep": "gpustep", "text": "text", "peers": "peers", "sweeps": "sweeps",
-            "memory": "memory", "coldcache": "coldcache"}
-
-
 def main(argv=None):
     args = parse_args(argv)
-    import report
-    from _fresh import FreshProcesses
-    from _timing import busy_percent, wait_until_quiet
+    from benchmarks import report
+    from benchmarks.fresh import FreshProcesses
+    from benchmarks.machine import busy_percent, wait_until_quiet, warn_if_busy
 
     busy_before = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_percent()
-    report.warn_if_busy(busy_before, "before the run")
+    warn_if_busy(busy_before, "before the run")
     started = time.perf_counter()
     config = config_of(args)
     os.makedirs(config["workdir"], exist_ok=True)
@@ -131,7 +131,7 @@ def main(argv=None):
     results = report.assemble(config, machine, sections, time.perf_counter() - started, busy_after)
     paths = report.write(results, args.out_dir, plots=not args.no_plots)
     print("\n" + results["markdown"])
-    report.warn_if_busy(busy_after, "after the run")
+    warn_if_busy(busy_after, "after the run")
     print(f"\nwrote {', '.join(paths)} (run took {results['run_seconds']:.0f}s)")
     failed = [name for name, section in sections.items() if "error" in section]
     if failed:

@@ -10,15 +10,13 @@ import sys
 import numpy as np
 from torch.utils.data import DataLoader
 
+from fastdata import make_loader, open_dataset
+from fastdata.converters import find_images
+from fastdata.measure.baselines import RawFolderDataset
+from fastdata.measure.engine import measure_rate
+from fastdata.measure.synthetic import make_imagefolder
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-from _datasets import RawFolderDataset  # noqa: E402
-from _timing import measure_rate  # noqa: E402
-
-from fastdata import make_loader, open_dataset  # noqa: E402
-from fastdata.converters import find_images  # noqa: E402
-from fastdata.measure.synthetic import make_imagefolder  # noqa: E402
 
 DATA = os.path.join(REPO, "demo-data")
 SIZE, BATCH = 64, 256
@@ -58,7 +56,8 @@ def main():
         lambda: count_samples(DataLoader(folder, batch_size=BATCH)), repeats=1).samples_per_s}
     for name, path in packed.items():
         loader = make_loader(open_dataset(path), BATCH, shuffle=True)
-        rates[f"{name} (make_loader defaults)"] = measure_rate(lambda loader=loader: count_samples(loader), repeats=3).samples_per_s
+        rate = measure_rate(lambda loader=loader: count_samples(loader), repeats=3)
+        rates[f"{name} (make_loader defaults)"] = rate.samples_per_s
     baseline = next(iter(rates.values()))
     print(f"\n| {'method':<45} | {'samples/s':>10} | vs raw folder |")
     print(f"| {'-' * 45} | {'-' * 10} | ------------- |")

@@ -16,15 +16,15 @@ import os
 import statistics
 import time
 
-import _prepare
-from _system import drop_from_page_cache
-from _timing import markdown_table
+from benchmarks import inputs
+from benchmarks.machine import drop_from_page_cache
+from fastdata.measure.engine import consume, markdown_table
 
 
 def row_specs(config):
     """Return ``(key, method, kind, option)`` rows: the packed files and the raw folder, at the largest size."""
     size = max(config["sizes"])
-    files = _prepare.packed_images(config["workdir"], config["num_images"], size, config["seed"])
+    files = inputs.packed_images(config["workdir"], config["num_images"], size, config["seed"])
     specs = [(f"{key} {size}px", f"fastdata {key}: make_loader defaults", "packed", path)
              for key, path in files.items()]
     specs.append((f"folder {size}px", "raw folder Dataset: Pillow decode+resize+crop, 0 workers", "folder", size))
@@ -55,10 +55,10 @@ def _cold_then_warm(key, kind, option, setup):
     """Open the dataset, read a (cold) epoch and a warm one; return both rates. Nothing stays mapped."""
     started = time.perf_counter()
     loader = _make_loader(kind, option, setup)
-    count = _epoch(loader)
+    count = consume(loader)
     cold = count / (time.perf_counter() - started)
     started = time.perf_counter()
-    if _epoch(loader) != count or count != setup["num_samples"]:
+    if consume(loader) != count or count != setup["num_samples"]:
         raise RuntimeError(f"{key}: an epoch gave {count} samples, expected {setup['num_samples']}")
     return cold, count / (time.perf_counter() - started)
 
@@ -68,19 +68,12 @@ def _make_loader(kind, option, setup):
         from fastdata import make_loader, open_dataset
 
         return make_loader(open_dataset(option), setup["batch_size"], shuffle=True)
-    import _datasets
     from torch.utils.data import DataLoader
 
-    dataset = _datasets.RawFolderDataset(setup["paths"], setup["labels"], option)
+    from fastdata.measure.baselines import RawFolderDataset
+
+    dataset = RawFolderDataset(setup["paths"], setup["labels"], option)
     return DataLoader(dataset, setup["batch_size"], shuffle=True)
-
-
-def _epoch(loader):
-    count = 0
-    for batch in loader:
-        count += len(batch[0])
-        int(batch[0][-1, 0, 0, 0])
-    return count
 
 
 def table(rows):
@@ -97,7 +90,7 @@ def table(rows):
 
 def run(config, fresh):
     """Run the cold-cache section; return rows, how pages were dropped, and table."""
-    _, paths, labels, _ = _prepare.photo_folder(config["workdir"], config["num_images"], config["seed"])
+    _, paths, labels, _ = inputs.photo_folder(config["workdir"], config["num_images"], config["seed"])
     setup = {"paths": paths, "labels": labels, "num_samples": len(paths), "batch_size": config["batch_size"],
              "repeats": config["repeats"]}
     rows = [fresh.run(measure, spec, setup) for spec in row_specs(config)]

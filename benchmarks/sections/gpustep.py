@@ -27,9 +27,9 @@ in a fresh process.
 import statistics
 import time
 
-import _prepare
-import text
-from _timing import markdown_table
+from benchmarks import inputs
+from benchmarks.sections import text
+from fastdata.measure.engine import markdown_table, touch
 
 STEP_SECONDS = 0.005
 BATCHES_PER_EPOCH = 100
@@ -41,8 +41,7 @@ WAIT_FRACTION_MAX = 0.02  # target: waiting under 2% of the epoch
 def measure_row(spec, setup):
     """Run the simulated training loop over one file in this process; return its dict."""
     key, path, options = spec
-    from _baseline_datasets import EpochBatches
-
+    from benchmarks.samplers import EpochBatches
     from fastdata import make_loader, open_dataset
 
     # see NOTE [time lost to data]
@@ -83,8 +82,6 @@ def _steps_only(count):
     """Return the seconds of ``count`` simulated steps on a batch already in memory (no loader)."""
     import torch
 
-    from fastdata.measure.engine import touch
-
     batch = torch.zeros((256, 3, 8, 8), dtype=torch.uint8)
     started = time.perf_counter()
     for _ in range(count):
@@ -95,8 +92,6 @@ def _steps_only(count):
 
 def _epoch(loader, stop_after=None):
     """Run one epoch of the simulated loop (or its first batches); return its seconds and waits."""
-    from fastdata.measure.engine import touch
-
     wait, first, count = 0.0, None, 0
     started = time.perf_counter()
     batches = iter(loader)
@@ -120,9 +115,9 @@ def row_specs(config):
     """Return ``(key, path, make_loader options)`` for each packed file: images at every size, then text."""
     specs = []
     for size in config["sizes"]:
-        files = _prepare.packed_images(config["workdir"], config["num_images"], size, config["seed"])
+        files = inputs.packed_images(config["workdir"], config["num_images"], size, config["seed"])
         specs += [(f"{key} {size}px", path, {}) for key, path in files.items()]
-    files = _prepare.packed_reviews(config["workdir"], config["text_docs"], config["seed"], text.MAX_LENGTH)
+    files = inputs.packed_reviews(config["workdir"], config["text_docs"], config["seed"], text.MAX_LENGTH)
     specs += [(f"text {fmt}", path, {}) for fmt, path in files.items()]
     return specs
 

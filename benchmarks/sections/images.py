@@ -1,171 +1,86 @@
-"""Benchmark image packing and loading: fastdata against the usual ways of feeding PyTorch.
+"""Images section: packing and loading photos with fastdata against the usual ways of feeding PyTorch.
 
-Run from the repository root:
-
-    python benchmarks/images.py            # 2,000 images; ~70 s on 2 cores (+20 s to make the images once)
-    python benchmarks/images.py --quick    # 200 images, 1 pass; a smoke test under a minute
-
-benchmarks/run.py runs this at output sizes 64 and 224 (through ``run``)
-together with the text, memory, sweep, other-tool and cold-cache sections.
-
-In one run it
-1. writes a synthetic ImageFolder of photo-like 500x375 JPEGs into
-   --workdir (reused by later runs with the same parameters);
-2. converts it to HDF5 and Arrow, raw and jpeg storage, timed against a plain
+Run through benchmarks/run.py (``--only images``), at each output size of
+``--sizes`` (64 and 224), sharing one photo folder. At each size it
+1. converts a synthetic ImageFolder of photo-like 500x375 JPEGs (made once,
+   inputs.py) to HDF5 and Arrow, raw and jpeg storage, timed against a plain
    multiprocessing.Pool doing full Pillow decode + Resize + CenterCrop (and,
-   for information, the HDF5 raw conversion called from a script that imports
-   torch first);
-3. measures loading throughput in samples/s (median of --repeats timed
-   passes after one warm-up epoch, each row in a fresh process) for a
-   raw-folder Dataset (paths in a numpy array, and in a Python list), a
-   tutorial h5py Dataset, fastdata's make_loader with defaults and with
-   workers, a memory copy limit and a JPEG decode limit, with the memory of
-   each worker process at the end (see NOTE [worker memory] in _system.py);
-4. prints Markdown tables and PASS/FAIL for each target, and writes every
-   number with a machine description to --out (JSON).
-
-NOTE [light main]: where the converter cannot fork (this process runs
-other threads), it starts its workers with forkserver, and each worker
-re-runs this file's top-level imports as ``__mp_main__`` (seen on Python
-3.11: the server does not preload ``__main__``). So torch is imported only
-where a row needs it; the "imports torch first" row measures a conversion
-called from a script that imports torch at the top.
+   for information, the HDF5 raw conversion called from a script that
+   imports torch first);
+2. measures loading throughput in samples/s (NOTE [whole epochs] in
+   fastdata/measure/engine.py, each row in a fresh process, see NOTE [fresh
+   process per row] in fresh.py) for a raw-folder Dataset (paths in a numpy
+   array, and in a Python list), a tutorial h5py Dataset, fastdata's
+   make_loader with defaults and with workers, the memory copy limits and
+   the JPEG decode limits (fastdata/measure/limits.py), with the memory of
+   each worker process at the end;
+3. times make_loader on the jpeg files and the decode limits in turn in one
+   process (NOTE [interleaved rates] in fastdata/measure/engine.py): the
+   JPEG targets.
 """
 
-import argparse
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from functools import partial
 
-import _baselines
-import h5py
-import numpy as np
-from _system import WorkerMemoryProbe
-from _timing import (
-    busy_percent,
-    interleaved_rates,
-    machine_info,
-    markdown_table,
-    measure_rate,
-    run_isolated,
-    wait_until_quiet,
-)
-
+from benchmarks import inputs
+from benchmarks.rows import measure_row, worker_mb
 from fastdata import convert_imagefolder
 from fastdata._cpu import usable_cpus
-from fastdata.measure.synthetic import make_imagefolder
+from fastdata.measure.engine import Row, consume, interleaved_rates, markdown_table
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
-PHOTO_SIZE = (500, 375)  # width, height of the synthetic source photos
-PHOTO_QUALITY = 90
-FILES = (("hdf5", "raw", ".h5"), ("hdf5", "jpeg", ".h5"), ("arrow", "raw", ".arrow"), ("arrow", "jpeg", ".arrow"))
 RAW_VS_LIMIT = 0.5  # targets
 RAW_VS_FOLDER = 300.0
 JPEG_VS_DECODE = 0.9
 CONVERT_VS_POOL = 1.5
+PAIRED_ROUNDS = 7  # rounds of interleaved passes behind the JPEG targets (--quick 2)
+SLOW_KINDS = ("folder",)  # rows of a few hundred samples/s: one process is enough (and costs 10-20 s)
 
 
-def parse_args(argv=None):
-    """Parse the command line; --quick changes the defaults only."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-images", type=int, help="images in the synthetic folder (default 2000; --quick 200)")
-    parser.add_argument("--size", type=int, default=64, help="stored image side in pixels (default 64)")
-    parser.add_argument("--batch-size", type=int, default=256, help="samples per batch (default 256)")
-    parser.add_argument("--repeats", type=int, help="timed passes per figure, after one warm-up (default 3; --quick 1)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes of the 'workers' rows (default 2)")
-    parser.add_argument("--paired-rounds", type=int,
-                        help="rounds of interleaved passes behind the JPEG targets (default 7; --quick 2)")
-    parser.add_argument(
-        "--min-pass-seconds", type=float, help="repeat epochs until a pass lasts this long (default 0.25; --quick 0.05)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic images and the shuffles")
-    parser.add_argument("--out", help="JSON results file (default benchmarks/results/images.json; --quick: in tmp/)")
-    parser.add_argument(
-        "--workdir", default=os.path.join(RESULTS, "tmp", "images"), help="cache for images and packed files"
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke test: 200 images, 1 pass")
-    parser.add_argument(
-        "--wait-quiet", type=float, default=0, help="first wait up to this many seconds for other processes to go idle"
-    )
-    args = parser.parse_args(argv)
-    quick = {"num_images": 200, "repeats": 1, "paired_rounds": 2, "min_pass_seconds": 0.05}
-    default = {"num_images": 2000, "repeats": 3, "paired_rounds": 7, "min_pass_seconds": 0.25}
-    for name, value in (quick if args.quick else default).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.out is None:
-        args.out = os.path.join(RESULTS, *(("tmp", "images-quick.json") if args.quick else ("images.json",)))
-    for name in ("num_images", "size", "batch_size", "repeats", "paired_rounds", "workers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} should be a positive integer, got {getattr(args, name)}")
-    return args
+def run(config, fresh):
+    """Convert and measure at every size of ``config["sizes"]``; return ``{"sizes": {size: results}, ...}``."""
+
+    def runner(fn, *args):  # see NOTE [process to process] in fresh.py
+        if fn is not measure_row or args[0].kind in SLOW_KINDS:
+            return fresh.run(fn, *args)  # slow rows, and interleaved measurements: one process
+        return fresh.run_median(config["process_repeats"], fn, *args)
+
+    results = {}
+    for size in config["sizes"]:
+        print(f"-- images at {size}x{size}", flush=True)
+        results[str(size)] = run_size(config, size, runner)
+    return {"sizes": results, "process_repeats": config["process_repeats"]}
 
 
-# ---------------------------------------------------------------- source images
-
-
-def prepare_imagefolder(workdir, num_images, seed):
-    """Return ``(root, info)`` of a synthetic ImageFolder, generated unless cached in ``workdir``."""
-    num_classes = min(10, max(4, num_images // 250))
-    per_class = max(1, round(num_images / num_classes))
-    params = {
-        "generator": "fastdata.measure.synthetic.make_imagefolder",
-        "num_classes": num_classes,
-        "per_class": per_class,
-        "size": list(PHOTO_SIZE),
-        "quality": PHOTO_QUALITY,
-        "seed": seed,
-    }
-    root = os.path.join(workdir, f"imagefolder-{num_classes}x{per_class}-seed{seed}")
-    marker = os.path.join(root, ".params.json")  # written last: its presence means complete
-    if _read_json(marker) == params and len(list_images(root)[0]) == num_classes * per_class:
-        return root, {**params, "cached": True, "generate_seconds": None}
-    shutil.rmtree(root, ignore_errors=True)
-    print(f"generating {num_classes * per_class} images in {root} (cached for later runs) ...", flush=True)
+def run_size(config, size, runner):
+    """Make the images, convert them and measure every row at ``size``; return the results."""
     started = time.perf_counter()
-    make_imagefolder(root, num_classes, per_class, PHOTO_SIZE, seed, PHOTO_QUALITY)
-    seconds = time.perf_counter() - started
-    with open(marker, "w") as f:
-        json.dump(params, f)
-    return root, {**params, "cached": False, "generate_seconds": seconds}
-
-
-def _read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def list_images(root):
-    """Return ``(paths, labels int64 [N])``: sorted class folders, sorted files."""
-    if not os.path.isdir(root):
-        return [], np.empty(0, np.int64)
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
-    paths, labels = [], []
-    for label, name in enumerate(classes):
-        files = sorted(f for f in os.listdir(os.path.join(root, name)) if f.endswith(".jpg"))
-        paths += [os.path.join(root, name, f) for f in files]
-        labels += [label] * len(files)
-    return paths, np.asarray(labels, dtype=np.int64)
-
-
-def read_all(paths):
-    """Read every file once so that all methods start from a warm page cache; return bytes read."""
-    total = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            total += len(f.read())
-    return total
+    settings = {"num_images": config["num_images"], "size": size, "batch_size": config["batch_size"],
+                "repeats": config["repeats"], "workers": config["workers"],
+                "paired_rounds": 2 if config["quick"] else PAIRED_ROUNDS, "min_pass_seconds": config["min_seconds"],
+                "seed": config["seed"], "workdir": os.path.join(config["workdir"], "images"), "quick": config["quick"]}
+    root, paths, labels, source = inputs.photo_folder(config["workdir"], config["num_images"], config["seed"])
+    source.update(root=root, num_images=len(paths), bytes=inputs.read_all(paths))
+    print(f"{len(paths)} images ({source['bytes'] / len(paths) / 1e3:.0f} kB each) in {root}; "
+          f"{config['repeats']} timed passes after 1 warm-up")
+    print("converting ...", flush=True)
+    files, conversions = time_conversions(root, paths, config["workdir"], size, config["repeats"])
+    print("throughput, each row in a fresh process:", flush=True)
+    setup = {"paths": paths, "labels": labels, "files": files, "size": size, "num_samples": len(paths),
+             "paired_rounds": settings["paired_rounds"], "min_seconds": config["min_seconds"],
+             **{key: config[key] for key in ("batch_size", "workers", "repeats", "seed")}}
+    loading = [runner(measure_row, row, setup) for row in rows(config["workers"])]
+    jpeg_pairs = runner(measure_jpeg_pairs, setup)
+    targets = summarize(loading, conversions, jpeg_pairs)
+    tables = {"loading": loading_table(loading), "conversion": conversion_table(conversions, len(paths)),
+              "jpeg_pairs": jpeg_pairs_text(jpeg_pairs)}
+    return {"benchmark": "images", "config": settings, "source": source, "files": files, "conversion": conversions,
+            "loading": loading, "jpeg_pairs": jpeg_pairs, "targets": targets, "tables": tables,
+            "run_seconds": time.perf_counter() - started}
 
 
 # ---------------------------------------------------------------- conversion
@@ -179,11 +94,11 @@ def time_conversions(root, paths, workdir, size, repeats):
     """
     workers = usable_cpus()
     jobs, files = {"pool_baseline": partial(_pool_baseline, paths, size, workers)}, {}
-    for fmt, storage, ext in FILES:
-        files[f"{fmt}-{storage}"] = os.path.join(workdir, f"{len(paths)}-images-{size}px-{storage}{ext}")
+    for fmt, storage, ext in inputs.IMAGE_FILES:
+        files[f"{fmt}-{storage}"] = inputs.image_file(workdir, len(paths), size, storage, ext)
         jobs[f"{fmt}-{storage}"] = partial(_convert, root, files[f"{fmt}-{storage}"], size, storage, len(paths))
-    torch_first = os.path.join(workdir, f"{len(paths)}-images-{size}px-raw-torch-first.h5")
-    jobs["hdf5-raw-torch-first"] = partial(_convert_after_torch, root, torch_first, size, workdir)
+    torch_first = inputs.image_file(workdir, len(paths), size, "raw-torch-first", ".h5")
+    jobs["hdf5-raw-torch-first"] = partial(_convert_after_torch, root, torch_first, size)
     outputs = {**files, "hdf5-raw-torch-first": torch_first}
     times = {key: [] for key in jobs}
     for _ in range(repeats):
@@ -210,7 +125,9 @@ def time_conversions(root, paths, workdir, size, repeats):
 
 
 def _pool_baseline(paths, size, workers):
-    _baselines.pool_decode(paths, size, workers)  # the pixels are dropped, as a timed job returns None
+    from fastdata.measure.baselines import pool_decode
+
+    pool_decode(paths, size, workers)  # the pixels are dropped, as a timed job returns None
 
 
 def _convert(root, out, size, storage, expected):
@@ -219,8 +136,12 @@ def _convert(root, out, size, storage, expected):
         raise RuntimeError(f"conversion to {out} kept {report.num_samples} of {expected} images")
 
 
-# A training script's usual shape: torch first, then the conversion. Its
-# converter workers re-run this file's imports (forkserver re-imports __main__).
+# NOTE [light main]: where the converter cannot fork (this process runs
+# other threads), it starts its workers with forkserver, and each worker
+# re-runs the main script's top-level imports as ``__mp_main__`` (seen on
+# Python 3.11: the server does not preload ``__main__``). So run.py imports
+# torch nowhere at the top; this script, a training script's usual shape,
+# imports torch first and then converts.
 _TORCH_FIRST_SCRIPT = """\
 import sys
 import time
@@ -228,7 +149,6 @@ import time
 import torch  # noqa: F401
 
 from fastdata import convert_imagefolder
-from fastdata._cpu import usable_cpus
 
 if __name__ == "__main__":
     started = time.perf_counter()
@@ -237,9 +157,9 @@ if __name__ == "__main__":
 """
 
 
-def _convert_after_torch(root, out, size, workdir):
+def _convert_after_torch(root, out, size):
     """Convert from a script that imports torch first; return the seconds of the conversion call."""
-    script = os.path.join(workdir, "convert_after_torch.py")
+    script = os.path.join(os.path.dirname(out), "convert_after_torch.py")
     with open(script, "w") as f:
         f.write(_TORCH_FIRST_SCRIPT)
     done = subprocess.run([sys.executable, script, root, out, str(size)], capture_output=True, text=True, check=False)
@@ -250,54 +170,35 @@ def _convert_after_torch(root, out, size, workdir):
 
 # ---------------------------------------------------------------- throughput rows
 
-# NOTE [fresh process per row]: every row is measured in a newly spawned
-# process, as a training script would run it. Fresh batch arrays of a few MB
-# are served by glibc malloc either from reused heap memory or from new pages
-# (a minor page fault per 4 KB), depending on what the process allocated and
-# freed before; in one process shared by all rows, a row's rate depended on
-# the rows run before it.
 
-
-def row_specs(workers):
-    """Return ``(key, method, workers label, kind, options)`` for every throughput row."""
+def rows(workers):
+    """Return the Row of every throughput row (see NOTE [fresh process per row] in fresh.py)."""
     folder = "raw folder Dataset: Pillow decode+resize+crop, default collate"
-    specs = [
-        ("folder", folder, "0", "folder", {"num_workers": 0}),
-        ("folder_workers", folder, f"{workers} (persistent)", "folder", {"num_workers": workers}),
+    persistent = f"{workers} (persistent)"
+    found = [
+        Row("folder", folder, "0", _folder_epochs, {"num_workers": 0}, "folder", memory=True),
+        Row("folder_workers", folder, persistent, _folder_epochs, {"num_workers": workers}, "folder", memory=True),
         # (b) the same with a Python list of paths: workers touch each path's refcount.
-        ("folder_list_workers", folder.replace("Dataset:", "Dataset, Python list of paths:"),
-         f"{workers} (persistent)", "folder", {"num_workers": workers, "as_list": True}),
-        ("tutorial_h5py", "tutorial h5py Dataset: dset[i] per item, default collate", "0", "tutorial", {}),
+        Row("folder_list_workers", folder.replace("Dataset:", "Dataset, Python list of paths:"), persistent,
+            _folder_epochs, {"num_workers": workers, "as_list": True}, "folder", memory=True),
+        Row("tutorial_h5py", "tutorial h5py Dataset: dset[i] per item, default collate", "0", _tutorial_epochs, {},
+            "tutorial", memory=True),
     ]
-    for fmt, storage, _ in FILES:
-        method = f"fastdata {'HDF5' if fmt == 'hdf5' else 'Arrow'} {storage}: make_loader"
-        options = {"key": f"{fmt}-{storage}"}
-        specs.append((f"{fmt}-{storage}", method, "0 (defaults)", "fastdata", {**options, "num_workers": 0}))
-        forced = {**options, "num_workers": workers}
-        specs.append((f"{fmt}-{storage}_workers", method, f"{workers} (persistent)", "fastdata", forced))
+    for fmt, storage, _ in inputs.IMAGE_FILES:
+        method, key = f"fastdata {'HDF5' if fmt == 'hdf5' else 'Arrow'} {storage}: make_loader", f"{fmt}-{storage}"
+        found += [Row(key, method, "0 (defaults)", _fastdata_epochs, {"key": key, "num_workers": 0}, "fastdata",
+                      memory=True),
+                  Row(f"{key}_workers", method, persistent, _fastdata_epochs, {"key": key, "num_workers": workers},
+                      "fastdata", memory=True)]
     copy, decode = "memcpy: np.take from memmap into", "JPEG decode tight loop: decode_jpeg (as the loader) on"
-    specs += [
-        ("copy_prealloc", f"{copy} preallocated array, mode='clip'", "1 thread", "copy", {"mode": "clip"}),
-        ("copy_fresh", f"{copy} a fresh array (previous batch alive)", "1 thread", "copy", {"mode": None}),
-        ("copy_prealloc_raise", f"{copy} preallocated array, mode='raise'", "1 thread", "copy", {"mode": "raise"}),
-        ("decode_threads", f"{decode} threads", f"{workers} threads", "decode", {"processes": False}),
-        ("decode_processes", f"{decode} processes", f"{workers} procs", "decode", {"processes": True}),
-    ]
-    return specs
-
-
-def measure_row(spec, setup):
-    """Measure one row (in its own process, see NOTE [fresh process per row]); return its dict."""
-    key, method, workers_label, kind, options = spec
-    print(f"  {method} [{workers_label}] ...", end="", flush=True)
-    probe = WorkerMemoryProbe()  # worker processes' memory after the warm-up and at the end
-    with _EPOCH_BUILDERS[kind](setup, **options) as run_epoch:
-        rate = measure_rate(probe.wrap(run_epoch), setup["repeats"], min_seconds=setup["min_seconds"])
-        memory = probe.report()
-    if rate.samples_per_pass != rate.epochs_per_pass * len(setup["paths"]):  # every sample, every epoch
-        raise RuntimeError(f"{key}: an epoch gave {rate.samples_per_pass // rate.epochs_per_pass} samples")
-    print(f" {rate.samples_per_s:,.0f} samples/s", flush=True)
-    return {"key": key, "method": method, "workers": workers_label, **rate.to_dict(), "memory": memory}
+    for key, method, mode in (("copy_prealloc", f"{copy} preallocated array, mode='clip'", "clip"),
+                              ("copy_fresh", f"{copy} a fresh array (previous batch alive)", None),
+                              ("copy_prealloc_raise", f"{copy} preallocated array, mode='raise'", "raise")):
+        found.append(Row(key, method, "1 thread", _copy_epochs, {"mode": mode}, "copy", memory=True, limit=True))
+    for key, label, processes in (("decode_threads", "threads", False), ("decode_processes", "procs", True)):
+        found.append(Row(key, f"{decode} {'processes' if processes else 'threads'}", f"{workers} {label}",
+                         _decode_epochs, {"processes": processes}, "decode", memory=True, limit=True))
+    return found
 
 
 def measure_jpeg_pairs(setup):
@@ -308,12 +209,14 @@ def measure_jpeg_pairs(setup):
     """
     print("  jpeg: make_loader and the decode loops in turn ...", end="", flush=True)
     with ExitStack() as stack:
-        runs = {f"{fmt}-jpeg": stack.enter_context(_fastdata_epochs(setup, 0, f"{fmt}-jpeg")) for fmt in ("hdf5", "arrow")}
+        runs = {f"{fmt}-jpeg": stack.enter_context(_fastdata_epochs(setup, f"{fmt}-jpeg", 0))
+                for fmt in ("hdf5", "arrow")}
         runs.update(decode_threads=stack.enter_context(_decode_epochs(setup, processes=False)),
                     decode_processes=stack.enter_context(_decode_epochs(setup, processes=True)))
         rates = interleaved_rates(runs, setup["paired_rounds"], setup["min_seconds"])
     best_decode = [max(pair) for pair in zip(rates["decode_threads"], rates["decode_processes"])]
-    ratios = {fmt: [rate / limit for rate, limit in zip(rates[f"{fmt}-jpeg"], best_decode)] for fmt in ("hdf5", "arrow")}
+    ratios = {fmt: [rate / limit for rate, limit in zip(rates[f"{fmt}-jpeg"], best_decode)]
+              for fmt in ("hdf5", "arrow")}
     medians = {fmt: statistics.median(values) for fmt, values in ratios.items()}
     print(" " + ", ".join(f"{fmt} {ratio:.3f}x" for fmt, ratio in medians.items()), flush=True)
     return {"rounds": setup["paired_rounds"], "rates": rates, "ratios": ratios, "ratio": medians}
@@ -321,24 +224,23 @@ def measure_jpeg_pairs(setup):
 
 @contextmanager
 def _folder_epochs(setup, num_workers, as_list=False):
-    import _datasets
-    from _folder_list import RawFolderListDataset
     from torch.utils.data import DataLoader
 
-    cls = RawFolderListDataset if as_list else _datasets.RawFolderDataset
+    from fastdata.measure.baselines import RawFolderDataset, RawFolderListDataset
+
+    cls = RawFolderListDataset if as_list else RawFolderDataset
     dataset = cls(setup["paths"], setup["labels"], setup["size"])
-    loader = DataLoader(
-        dataset, setup["batch_size"], shuffle=True, num_workers=num_workers, persistent_workers=num_workers > 0
-    )
-    yield partial(consume, loader)
+    yield partial(consume, DataLoader(dataset, setup["batch_size"], shuffle=True, num_workers=num_workers,
+                                      persistent_workers=num_workers > 0))
 
 
 @contextmanager
 def _tutorial_epochs(setup):
-    import _datasets
     from torch.utils.data import DataLoader
 
-    dataset = _datasets.TutorialH5Dataset(setup["files"]["hdf5-raw"])
+    from fastdata.measure.baselines import TutorialH5Dataset
+
+    dataset = TutorialH5Dataset(setup["files"]["hdf5-raw"])
     try:
         yield partial(consume, DataLoader(dataset, setup["batch_size"], shuffle=True))
     finally:
@@ -346,92 +248,33 @@ def _tutorial_epochs(setup):
 
 
 @contextmanager
-def _fastdata_epochs(setup, num_workers, key):
+def _fastdata_epochs(setup, key, num_workers):
     from fastdata import make_loader, open_dataset
 
     dataset = open_dataset(setup["files"][key])
-    kwargs = {"num_workers": num_workers} if num_workers else {}  # defaults unless forced
-    yield partial(consume, make_loader(dataset, setup["batch_size"], shuffle=True, **kwargs))
-
-
-def consume(loader):
-    """Iterate one epoch as a training loop does, touching a byte of every batch; return the samples seen.
-
-    Each batch stays alive until the next one arrives, as in ``for images, labels in loader``.
-    """
-    count = 0
-    for images, _labels in loader:
-        count += len(images)
-        int(images[-1, 0, 0, 0])
-    return count
+    options = {"num_workers": num_workers} if num_workers else {}  # defaults unless forced
+    yield partial(consume, make_loader(dataset, setup["batch_size"], shuffle=True, **options))
 
 
 @contextmanager
 def _copy_epochs(setup, mode):
     """Epochs of np.take of shuffled, sorted batches from a memmap of the raw pixels (no loader)."""
-    pixels = _memmap_dataset(setup["files"]["hdf5-raw"], "samples")
-    batches = _shuffled_batches(len(pixels), setup["batch_size"], setup["seed"])
-    out = np.empty((setup["batch_size"], *pixels.shape[1:]), pixels.dtype)
+    from fastdata.formats import read_packed
+    from fastdata.measure.limits import copy_epochs
 
-    # NOTE [np.take out]: with out= and the default mode="raise", numpy takes
-    # into a temporary and then copies it into out (so out is untouched on an
-    # IndexError): twice the memory traffic. mode="clip" writes straight into out.
-    def copy_into():
-        for indices in batches:
-            np.take(pixels, indices, axis=0, out=out[: len(indices)], mode=mode)
-        return sum(map(len, batches))
-
-    def copy_fresh():
-        count = 0
-        for indices in batches:
-            images = np.take(pixels, indices, axis=0)  # alive until the next batch, as in a loader loop
-            count += len(images)
-        return count
-
-    yield copy_fresh if mode is None else copy_into
+    columns, _ = read_packed(setup["files"]["hdf5-raw"])
+    yield copy_epochs(columns.samples, setup["batch_size"], mode=mode, seed=setup["seed"])
 
 
 @contextmanager
 def _decode_epochs(setup, processes):
-    """Epochs decoding every stored JPEG of the jpeg HDF5 file in memory, on all worker cores."""
-    blobs, workers = _read_jpeg_bytes(setup["files"]["hdf5-jpeg"]), setup["workers"]
-    ranges = _baselines.split_ranges(len(blobs), 4 * workers)
-    if processes:
-        with _baselines.start_decode_pool(blobs, workers) as pool:
-            yield lambda: sum(pool.map(_baselines.decode_range, ranges))
-    else:
-        chunks = [blobs[a:b] for a, b in ranges]
-        with ThreadPoolExecutor(workers) as threads:
-            yield lambda: sum(threads.map(_baselines.decode_jpegs, chunks))
+    """Epochs decoding every stored JPEG of the jpeg HDF5 file, on ``workers`` threads or processes."""
+    from fastdata.formats import read_packed
+    from fastdata.measure.limits import DecodeEpochs
 
-
-_EPOCH_BUILDERS = {
-    "folder": _folder_epochs,
-    "tutorial": _tutorial_epochs,
-    "fastdata": _fastdata_epochs,
-    "copy": _copy_epochs,
-    "decode": _decode_epochs,
-}
-
-
-def _memmap_dataset(path, name):
-    """Map an HDF5 dataset's bytes with numpy (it is contiguous and uncompressed)."""
-    with h5py.File(path, "r") as f:
-        dset = f[name]
-        offset, dtype, shape = dset.id.get_offset(), dset.dtype, dset.shape
-    return np.memmap(path, mode="r", dtype=dtype, offset=offset, shape=shape)
-
-
-def _read_jpeg_bytes(path):
-    """Return the stored JPEG of each sample of a jpeg-storage HDF5 file, as bytes."""
-    with h5py.File(path, "r") as f:
-        values, offsets = f["samples"][:], f["offsets"][:]
-    return [values[a:b].tobytes() for a, b in zip(offsets[:-1], offsets[1:])]
-
-
-def _shuffled_batches(count, batch_size, seed):
-    order = np.random.default_rng(seed).permutation(count)
-    return [np.sort(order[i : i + batch_size]) for i in range(0, count, batch_size)]
+    columns, _ = read_packed(setup["files"]["hdf5-jpeg"])
+    with DecodeEpochs(columns, setup["workers"], processes=processes) as run_epoch:
+        yield run_epoch
 
 
 # ---------------------------------------------------------------- report
@@ -459,7 +302,7 @@ def summarize(rows, conversions, jpeg_pairs):
     for fmt in ("hdf5", "arrow"):
         name = f"{fmt} jpeg, defaults vs tight-loop decode (best of threads/processes), interleaved in one process"
         targets.append(_target(name, jpeg_pairs["ratio"][fmt], JPEG_VS_DECODE))
-    for fmt, storage, _ in FILES:
+    for fmt, storage, _ in inputs.IMAGE_FILES:
         ratio = conversions[f"{fmt}-{storage}"]["ratio_vs_pool"]
         targets.append(_target(f"{fmt} {storage} conversion vs plain Pool decode+resize", ratio, CONVERT_VS_POOL))
     return targets
@@ -475,8 +318,7 @@ def loading_table(rows):
     for row in rows:
         method = row["method"] + (" = LIMIT" if row.get("is_limit") else "")
         rate, fraction, ratio = row["samples_per_s"], row["fraction_of_limit"], row["ratio_vs_folder"]
-        memory = worker_memory_text(row.get("memory"))
-        body.append((method, row["workers"], f"{rate:,.0f}", f"{fraction:.3g}", f"{ratio:,.1f}x", memory))
+        body.append((method, row["workers"], f"{rate:,.0f}", f"{fraction:.3g}", f"{ratio:,.1f}x", worker_mb(row)))
     headers = ["method", "workers", "samples/s", "fraction of memcpy limit", "vs raw folder (0 workers)",
                "per-worker MB: USS (private dirty)"]
     return markdown_table(headers, body, "llrrrr")
@@ -487,18 +329,8 @@ def jpeg_pairs_text(pairs):
     rates = ", ".join(f"{name} {statistics.median(values):,.0f}" for name, values in pairs["rates"].items())
     ratios = "; ".join(f"{fmt} " + " ".join(f"{r:.2f}" for r in values) for fmt, values in pairs["ratios"].items())
     return (f"JPEG targets: make_loader (defaults) and the two decode loops timed in turn in one process, "
-            f"{pairs['rounds']} rounds (see NOTE [interleaved rates] in _timing.py). Median samples/s: {rates}. "
-            f"Ratio to the faster decode loop, per round: {ratios}.")
-
-
-def worker_memory_text(memory):
-    """Return "USS (private dirty)" in MB, averaged over worker processes, or "-" without workers."""
-    workers = (memory or {}).get("per_worker") or []
-    if not workers:
-        return "-"
-    uss = statistics.mean(w["uss"] for w in workers) / 1e6
-    dirty = statistics.mean(w.get("private_dirty", 0) for w in workers) / 1e6
-    return f"{uss:,.0f} ({dirty:,.0f})"
+            f"{pairs['rounds']} rounds (see NOTE [interleaved rates] in fastdata/measure/engine.py). Median "
+            f"samples/s: {rates}. Ratio to the faster decode loop, per round: {ratios}.")
 
 
 def conversion_table(conversions, count):
@@ -512,104 +344,3 @@ def conversion_table(conversions, count):
         ratio = f"{entry['ratio_vs_pool']:.2f}x" if "ratio_vs_pool" in entry else "1.00x"
         body.append((name, f"{entry['seconds']:.2f}", f"{count / entry['seconds']:,.0f}", ratio))
     return markdown_table(["conversion", "seconds (median)", "images/s", "speed vs Pool"], body, "lrrr")
-
-
-def targets_text(targets):
-    lines = []
-    for t in targets:
-        verdict = "PASS" if t["pass"] else "FAIL"
-        value, threshold, margin = t["value"], t["threshold"], t["margin"]
-        lines.append(f"{verdict}  {t['name']}: {value:,.2f}x (target >= {threshold:g}x; {margin:.2f} of target)")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- main
-
-
-def _warn_if_busy(busy, when):
-    if busy is not None and busy >= 15.0:
-        print(
-            f"WARNING: other processes used {busy:.0f}% of the CPUs {when}; figures will be low and "
-            "noisy (see --wait-quiet)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def run(args, runner=run_isolated):
-    """Make the images, convert them and measure every row at ``args.size``; return the results.
-
-    Prints progress. ``runner(fn, *args)`` runs each row in a fresh process;
-    run.py passes a faster one (see NOTE [zygote] in _fresh.py). The result
-    holds no machine facts; ``main`` adds them.
-    """
-    os.makedirs(args.workdir, exist_ok=True)
-    started = time.perf_counter()
-    root, source = prepare_imagefolder(args.workdir, args.num_images, args.seed)
-    paths, labels = list_images(root)
-    source.update(root=root, num_images=len(paths), bytes=read_all(paths))
-    kilobytes = source["bytes"] / len(paths) / 1e3
-    print(f"{len(paths)} images ({kilobytes:.0f} kB each) in {root}; {args.repeats} timed passes after 1 warm-up")
-    print("converting ...", flush=True)
-    files, conversions = time_conversions(root, paths, args.workdir, args.size, args.repeats)
-    print("throughput, each row in a fresh process:", flush=True)
-    setup = dict(paths=paths, labels=labels, files=files, size=args.size, batch_size=args.batch_size)
-    setup.update(workers=args.workers, repeats=args.repeats, min_seconds=args.min_pass_seconds, seed=args.seed)
-    rows = [runner(measure_row, spec, setup) for spec in row_specs(args.workers)]
-    setup["paired_rounds"] = args.paired_rounds
-    jpeg_pairs = runner(measure_jpeg_pairs, setup)
-    targets = summarize(rows, conversions, jpeg_pairs)
-    tables = {"loading": loading_table(rows), "conversion": conversion_table(conversions, len(paths)),
-              "jpeg_pairs": jpeg_pairs_text(jpeg_pairs)}
-    return {
-        "benchmark": "images",
-        "config": dict(vars(args)),
-        "source": source,
-        "files": files,
-        "conversion": conversions,
-        "loading": rows,
-        "jpeg_pairs": jpeg_pairs,
-        "targets": targets,
-        "tables": tables,
-        "run_seconds": time.perf_counter() - started,
-    }
-
-
-def report_text(results):
-    """Return the Markdown report of ``run``'s results: loading, conversion and targets."""
-    config, count = results["config"], results["source"]["num_images"]
-    size, tables = config["size"], results["tables"]
-    return "\n".join([
-        f"## Loading {count} images at {size}x{size}, batch {config['batch_size']}, shuffled\n",
-        tables["loading"],
-        f"\nsamples/s: median of {config['repeats']} passes of whole epochs (>= {config['min_pass_seconds']}s "
-        "each) after a warm-up epoch, each row in a fresh process. workers > 0: persistent workers, so their "
-        "start-up falls in the warm-up epoch. LIMIT: the faster of the two direct copies. Worker memory: mean "
-        "over the worker processes at the end, USS and its private dirty part (see NOTE [worker memory] in "
-        "_system.py).",
-        "\n" + tables["jpeg_pairs"],
-        f"\n## Conversion of {count} JPEGs ({PHOTO_SIZE[0]}x{PHOTO_SIZE[1]}) to {size}x{size}\n",
-        tables["conversion"],
-        "\n## Targets\n",
-        targets_text(results["targets"]),
-    ])
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    busy_before = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_percent()
-    _warn_if_busy(busy_before, "before the run")
-    results = run(args)
-    busy_after = busy_percent()
-    print("\n" + report_text(results))
-    _warn_if_busy(busy_after, "after the run")
-    results["machine"] = {**machine_info(), "busy_percent_before": busy_before, "busy_percent_after": busy_after}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"\nwrote {args.out} (run took {results['run_seconds']:.0f}s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,7 @@ fresh process:
 
 Each worker's memory is read from /proc/PID/smaps_rollup once every worker
 has delivered a batch (the start), about 20 times during the epoch, and at
-the end. See NOTE [worker memory] in _system.py for USS versus private
+the end. See NOTE [worker memory] in fastdata/measure/engine.py for USS versus private
 dirty: the bar uses private dirty growth (copied or new pages); USS growth
 also counts the file pages a worker mapped while reading, which are the
 page cache.
@@ -26,9 +26,8 @@ page cache.
 import statistics
 import time
 
-import _prepare
-from _system import memory_of_all, worker_pids
-from _timing import markdown_table
+from benchmarks import inputs
+from fastdata.measure.engine import child_pids, markdown_table, process_memory, worker_pids
 
 DATASETS = ("list_of_str", "list_of_dicts", "numpy_arrays", "hdf5_packed", "arrow_packed")
 QUICK_DATASETS = ("list_of_dicts", "numpy_arrays", "hdf5_packed")  # --quick: one of each kind
@@ -58,11 +57,11 @@ def measure(spec, setup):
     for index, batch in enumerate(loader):
         count += len(batch[0])
         if index == NUM_WORKERS - 1:  # every worker has delivered a batch: its start-up is over
-            pids = worker_pids(loader)
-            start = memory_of_all(pids)
+            pids = worker_pids(loader) or child_pids()
+            start = _readings(pids)
         elif pids and (index + 1) % every == 0:
-            readings.append({"fraction": (index + 1) / len(loader), "workers": memory_of_all(pids)})
-    end = memory_of_all(pids)
+            readings.append({"fraction": (index + 1) / len(loader), "workers": _readings(pids)})
+    end = _readings(pids)
     seconds = time.perf_counter() - started - built
     if count != setup["num_samples"] or len(start) != NUM_WORKERS or len(end) != NUM_WORKERS:
         raise RuntimeError(f"{name}/{method}: {count} samples, {len(end)} workers; the benchmark is wrong")
@@ -71,6 +70,11 @@ def measure(spec, setup):
     return {"dataset": name, "method": DESCRIPTIONS[name], "start_method": method, "num_samples": count,
             "num_workers": NUM_WORKERS, "build_seconds": built, "epoch_seconds": seconds, "workers": workers,
             "readings": readings}
+
+
+def _readings(pids):
+    """Return the memory of each process of ``pids`` still running (see NOTE [worker memory])."""
+    return [reading for reading in map(process_memory, pids) if reading is not None]
 
 
 def _worker_entry(start, end):
@@ -85,9 +89,10 @@ def _make_loader(name, method, setup):
 
         dataset = open_dataset(setup["files"][name.split("_")[0]])
         return make_loader(dataset, batch_size, shuffle=True, num_workers=NUM_WORKERS, multiprocessing_context=method)
-    import _baseline_datasets as baselines
     import numpy as np
     from torch.utils.data import DataLoader
+
+    from fastdata.measure import baselines
 
     prefix = setup["path_prefix"]
     paths = [f"{prefix}/class_{i % 10}/img_{i:07d}.jpg" for i in range(n)]  # n distinct str objects
@@ -138,8 +143,8 @@ def table(rows):
 def run(config, fresh):
     """Run the memory section; return rows, targets and table."""
     n = config["memory_samples"]
-    files = _prepare.repeated_tiny(config["workdir"], config["tiny_images"], config["seed"], PACKED_SIZE, n)
-    prefix = _prepare.tiny_folder(config["workdir"], config["tiny_images"], config["seed"])
+    files = inputs.repeated_tiny(config["workdir"], config["tiny_images"], config["seed"], PACKED_SIZE, n)
+    prefix = inputs.tiny_folder(config["workdir"], config["tiny_images"], config["seed"])
     setup = {"num_samples": n, "batch_size": config["batch_size"], "files": files, "path_prefix": prefix}
     datasets = QUICK_DATASETS if config["quick"] else DATASETS
     rows = [fresh.run(measure, (name, method), setup) for method in START_METHODS for name in datasets]

@@ -28,9 +28,11 @@ import shutil
 from contextlib import contextmanager
 from functools import partial
 
-import _prepare
 import numpy as np
-from _timing import markdown_table, measure_rate
+
+from benchmarks import inputs
+from benchmarks.rows import measure_row
+from fastdata.measure.engine import Row, consume, installed_version, markdown_table
 
 SIZE = 64  # peers hold the 64x64 samples, the size of the reference figures
 NUM_SHARDS = 8
@@ -48,16 +50,6 @@ def offline_env(workdir):
     os.environ.setdefault("TQDM_DISABLE", "1")
 
 
-def installed(package):
-    """Return the installed version of ``package``, or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def write_peer_files(source, folder):
     """Write the samples of packed file ``source`` in each installed tool's format; return their paths.
 
@@ -69,9 +61,9 @@ def write_peer_files(source, folder):
     columns, _ = read_packed(source)
     pixels, labels = np.asarray(columns.samples), np.asarray(columns.labels)
     written = {}
-    if installed("datasets"):
+    if installed_version("datasets"):
         written["hf_datasets"] = _write_hf(pixels, labels, os.path.join(folder, "hf-dataset"))
-    if installed("webdataset"):
+    if installed_version("webdataset"):
         written["webdataset"] = _write_shards(pixels, labels, os.path.join(folder, "wds"))
     return written
 
@@ -99,49 +91,33 @@ def _write_shards(pixels, labels, folder):
     return sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith(".tar"))
 
 
-def row_specs(workers):
-    """Return ``(key, method, workers label, kind, options)`` for every row."""
+def rows(workers):
+    """Return the Row of every tool's row: 0 workers, then ``workers``."""
     tutorial = "tutorial h5py Dataset: file opened in __init__, dset[i] per item, default collate"
     hf = "Hugging Face datasets: load_from_disk (Arrow mmap), with_format('torch'), DataLoader"
     wds = f"WebDataset: {NUM_SHARDS} tar shards of .npy, shuffle({SHUFFLE_BUFFER}).decode().batched()"
-    specs = []
-    for kind, method in (("tutorial", tutorial), ("hf_datasets", hf), ("webdataset", wds)):
-        specs.append((f"{kind}", method, "0", kind, {"num_workers": 0}))
+    found = []
+    for kind, method, build in (("tutorial", tutorial, _tutorial_epochs), ("hf_datasets", hf, _hf_epochs),
+                                ("webdataset", wds, _wds_epochs)):
+        found.append(Row(kind, method, "0", build, {"num_workers": 0}, kind))
         label = f"{workers} (fork, handle inherited)" if kind == "tutorial" else f"{workers} (persistent)"
-        specs.append((f"{kind}_workers", method, label, kind, {"num_workers": workers}))
-    return specs
+        found.append(Row(f"{kind}_workers", method, label, build, {"num_workers": workers}, kind))
+    return found
 
 
-def measure_row(spec, setup):
-    """Measure one row in its own process; return its dict."""
-    key, method, workers_label, kind, options = spec
+def measure(row, setup):
+    """Measure one row in this process (Hugging Face kept offline); return its dict."""
     offline_env(setup["folder"])
-    print(f"  {method} [{workers_label}] ...", end="", flush=True)
-    with _EPOCH_BUILDERS[kind](setup, **options) as run_epoch:
-        rate = measure_rate(run_epoch, setup["repeats"], min_seconds=setup["min_seconds"])
-    if rate.samples_per_pass != rate.epochs_per_pass * setup["num_samples"]:
-        raise RuntimeError(f"{key}: an epoch gave {rate.samples_per_pass // rate.epochs_per_pass} samples")
-    print(f" {rate.samples_per_s:,.0f} samples/s", flush=True)
-    return {"key": key, "method": method, "workers": workers_label, "num_workers": options["num_workers"],
-            "tool": kind, "tool_name": NAMES[kind], **rate.to_dict()}
-
-
-def consume(loader, image_key=None):
-    """Iterate one epoch, touching every batch; return the samples seen."""
-    count = 0
-    for batch in loader:
-        samples = batch[image_key] if image_key is not None else batch[0]
-        count += len(samples)
-        int(samples[-1, 0, 0, 0])
-    return count
+    return measure_row(row, setup, num_workers=row.options["num_workers"], tool=row.kind, tool_name=NAMES[row.kind])
 
 
 @contextmanager
 def _tutorial_epochs(setup, num_workers):
-    import _datasets
     from torch.utils.data import DataLoader
 
-    dataset = _datasets.TutorialH5Dataset(setup["source"])
+    from fastdata.measure.baselines import TutorialH5Dataset
+
+    dataset = TutorialH5Dataset(setup["source"])
     context = "fork" if num_workers else None  # the open handle cannot be pickled for spawn
     loader = DataLoader(dataset, setup["batch_size"], shuffle=True, num_workers=num_workers,
                         persistent_workers=num_workers > 0, multiprocessing_context=context)
@@ -159,7 +135,7 @@ def _hf_epochs(setup, num_workers):
     dataset = datasets.load_from_disk(setup["files"]["hf_datasets"]).with_format("torch")
     loader = DataLoader(dataset, setup["batch_size"], shuffle=True, num_workers=num_workers,
                         persistent_workers=num_workers > 0)
-    yield partial(consume, loader, image_key="image")
+    yield partial(consume, loader, key="image")
 
 
 @contextmanager
@@ -175,9 +151,6 @@ def _wds_epochs(setup, num_workers):
     yield partial(consume, loader)
 
 
-_EPOCH_BUILDERS = {"tutorial": _tutorial_epochs, "hf_datasets": _hf_epochs, "webdataset": _wds_epochs}
-
-
 def table(rows):
     body = []
     for row in rows:
@@ -190,24 +163,23 @@ def table(rows):
 
 def run(config, fresh):
     """Run the other-tools section; return rows (with skipped ones), versions and table."""
-    files = _prepare.packed_images(config["workdir"], config["num_images"], SIZE, config["seed"])
+    files = inputs.packed_images(config["workdir"], config["num_images"], SIZE, config["seed"])
     folder = os.path.join(config["workdir"], "peers", f"{config['num_images']}-images-{SIZE}px")
     os.makedirs(folder, exist_ok=True)
     written = fresh.run(write_peer_files, files["hdf5-raw"], folder)
     setup = {key: config[key] for key in ("batch_size", "repeats", "min_seconds", "seed")}
     setup.update(source=files["hdf5-raw"], files=written, folder=folder, num_samples=_num_samples(files))
-    rows = []
-    for spec in row_specs(config["workers"]):
-        kind = spec[3]
-        if kind in TOOLS and kind not in written:
-            note = f"{TOOLS[kind]} is not installed: pip install 'fastdata[peers]'"
-            rows.append({"key": spec[0], "method": spec[1], "workers": spec[2], "tool": kind,
-                         "tool_name": NAMES[kind], "num_workers": spec[4]["num_workers"], "skipped": note})
+    measured = []
+    for row in rows(config["workers"]):
+        if row.kind in TOOLS and row.kind not in written:
+            note = f"{TOOLS[row.kind]} is not installed: pip install 'fastdata[peers]'"
+            measured.append({"key": row.key, "method": row.method, "workers": row.workers, "tool": row.kind,
+                             "tool_name": NAMES[row.kind], "num_workers": row.options["num_workers"], "skipped": note})
             continue
-        rows.append(fresh.run(measure_row, spec, setup))
-    versions = {package: installed(package) for package in TOOLS.values()}
-    return {"size": SIZE, "num_samples": setup["num_samples"], "versions": versions, "rows": rows,
-            "table": table(rows)}
+        measured.append(fresh.run(measure, row, setup))
+    versions = {package: installed_version(package) for package in TOOLS.values()}
+    return {"size": SIZE, "num_samples": setup["num_samples"], "versions": versions, "rows": measured,
+            "table": table(measured)}
 
 
 def _num_samples(files):

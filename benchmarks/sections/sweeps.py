@@ -15,9 +15,9 @@ the points are recorded as not applicable.
 import math
 from functools import partial
 
-import _prepare
-from _system import cuda_device
-from _timing import measure_rate
+from benchmarks import inputs
+from benchmarks.machine import cuda_device
+from fastdata.measure.engine import measure_rate, touch
 
 SIZE = 64
 FORMATS = ("folder", "hdf5-raw", "arrow-raw", "hdf5-jpeg", "arrow-jpeg")
@@ -90,7 +90,7 @@ def _take(batches, count, to_gpu):
         if to_gpu:
             images = images.to("cuda", non_blocking=True)
         samples += len(images)
-        int(images[-1, 0, 0, 0])
+        touch(images)
     if to_gpu:
         import torch
 
@@ -100,15 +100,16 @@ def _take(batches, count, to_gpu):
 
 def _open_stream(point, setup):
     """Return a running iterator of ``(images, labels)`` batches for ``point``."""
-    from _baseline_datasets import StreamBatches
+    from benchmarks.samplers import StreamBatches
 
     num_workers, prefetch = point["num_workers"], point["prefetch_factor"]
     sampler = StreamBatches(setup["num_samples"], point["batch_size"], seed=setup["seed"])
     if point["format"] == "folder":
-        import _datasets
         from torch.utils.data import DataLoader
 
-        dataset = _datasets.RawFolderDataset(setup["paths"], setup["labels"], SIZE)
+        from fastdata.measure.baselines import RawFolderDataset
+
+        dataset = RawFolderDataset(setup["paths"], setup["labels"], SIZE)
         options = {"prefetch_factor": prefetch, "persistent_workers": True} if num_workers else {}
         loader = DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
                             pin_memory=point["pin_memory"], **options)
@@ -137,8 +138,8 @@ def summarize(sweeps):
 def run(config, fresh):
     """Run every sweep; return the points grouped by sweep, a summary and notes."""
     cuda = fresh.run(cuda_device) is not None  # asked in a fresh process: the main one stays light
-    root, paths, labels, _ = _prepare.photo_folder(config["workdir"], config["num_images"], config["seed"])
-    files = _prepare.packed_images(config["workdir"], config["num_images"], SIZE, config["seed"])
+    root, paths, labels, _ = inputs.photo_folder(config["workdir"], config["num_images"], config["seed"])
+    files = inputs.packed_images(config["workdir"], config["num_images"], SIZE, config["seed"])
     setup = {key: config[key] for key in ("repeats", "min_seconds", "seed")}
     setup.update(paths=paths, labels=labels, files=files, num_samples=len(paths), cuda=cuda)
     sweeps, measured = plan(config, cuda), {}

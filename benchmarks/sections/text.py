@@ -17,14 +17,12 @@ passes after a warm-up epoch, each row in a fresh process) for:
 """
 
 import os
-import statistics
 from contextlib import contextmanager
 from functools import partial
 
-import _prepare
-import numpy as np
-from _system import WorkerMemoryProbe
-from _timing import markdown_table, measure_rate
+from benchmarks import inputs
+from benchmarks.rows import measure_row, worker_mb
+from fastdata.measure.engine import Row, consume, markdown_table
 
 MAX_LENGTH = 256
 TEXT_VS_LIMIT = 0.5  # target: packed text at least half the limit
@@ -32,67 +30,40 @@ TEXT_VS_LIMIT = 0.5  # target: packed text at least half the limit
 
 def prepare(config):
     """Make and convert the corpus; return the setup shared by the rows."""
-    corpus = _prepare.review_corpus(config["workdir"], config["text_docs"], config["seed"])
-    files, conversion = _prepare.convert_reviews(corpus, config["workdir"], MAX_LENGTH)
+    corpus = inputs.review_corpus(config["workdir"], config["text_docs"], config["seed"])
+    files, conversion = inputs.convert_reviews(corpus, config["workdir"], MAX_LENGTH)
     from fastdata.converters.text import find_texts
 
     _, relpaths, labels = find_texts(corpus)
     paths = [os.path.join(corpus, path) for path in relpaths]
     setup = {key: config[key] for key in ("batch_size", "workers", "repeats", "min_seconds", "seed")}
-    return {**setup, "corpus": corpus, "paths": paths, "labels": labels, "files": files, "conversion": conversion}
+    return {**setup, "corpus": corpus, "paths": paths, "labels": labels, "num_samples": len(paths), "files": files,
+            "conversion": conversion}
 
 
-def row_specs(workers):
-    """Return ``(key, method, workers label, kind, options)`` for every text row."""
+def rows(workers):
+    """Return the Row of every text row."""
     raw = "raw .txt files: read + Tokenizer.encode per item, pad in collate_fn"
-    specs = [
-        ("raw_files", raw, "0", "raw", {"num_workers": 0}),
-        ("raw_files_workers", raw, f"{workers} (persistent)", "raw", {"num_workers": workers}),
-    ]
+    found = [Row("raw_files", raw, "0", _raw_epochs, {"num_workers": 0}, "raw", memory=True),
+             Row("raw_files_workers", raw, f"{workers} (persistent)", _raw_epochs, {"num_workers": workers}, "raw",
+                 memory=True)]
     for fmt in ("hdf5", "arrow"):
         name = "HDF5" if fmt == "hdf5" else "Arrow"
-        specs += [
-            (f"{fmt}-padded", f"fastdata {name}: make_loader, padded to longest", "0 (defaults)", "packed",
-             {"fmt": fmt}),
-            (f"{fmt}-padded_workers", f"fastdata {name}: make_loader, padded to longest", f"{workers} (persistent)",
-             "packed", {"fmt": fmt, "num_workers": workers}),
-            (f"{fmt}-pad_to", f"fastdata {name}: make_loader, pad_to={MAX_LENGTH}", "0 (defaults)", "packed",
-             {"fmt": fmt, "pad_to": MAX_LENGTH}),
-            (f"{fmt}-bucketed", f"fastdata {name}: make_loader, BucketBatchSampler", "0 (defaults)", "packed",
-             {"fmt": fmt, "bucketed": True}),
-        ]
+        padded = f"fastdata {name}: make_loader, padded to longest"
+        for key, method, workers_label, options in (
+            ("padded", padded, "0 (defaults)", {}),
+            ("padded_workers", padded, f"{workers} (persistent)", {"num_workers": workers}),
+            ("pad_to", f"fastdata {name}: make_loader, pad_to={MAX_LENGTH}", "0 (defaults)", {"pad_to": MAX_LENGTH}),
+            ("bucketed", f"fastdata {name}: make_loader, BucketBatchSampler", "0 (defaults)", {"bucketed": True}),
+        ):
+            found.append(Row(f"{fmt}-{key}", method, workers_label, _packed_epochs, {"fmt": fmt, **options}, "packed",
+                             memory=True))
     copy = "copy: the batch's stored tokens from the memmap"
-    specs += [
-        ("copy_rows", f"{copy}, row by row into a preallocated [B, {MAX_LENGTH}] array", "1 thread", "copy",
-         {"contiguous": False}),
-        ("copy_contiguous", "copy: as many bytes per batch in one contiguous slice (scale only)", "1 thread", "copy",
-         {"contiguous": True}),
-    ]
-    return specs
-
-
-def measure_row(spec, setup):
-    """Measure one row in its own process; return its dict."""
-    key, method, workers_label, kind, options = spec
-    print(f"  {method} [{workers_label}] ...", end="", flush=True)
-    probe = WorkerMemoryProbe()
-    with _EPOCH_BUILDERS[kind](setup, **options) as run_epoch:
-        rate = measure_rate(probe.wrap(run_epoch), setup["repeats"], min_seconds=setup["min_seconds"])
-        memory = probe.report()
-    if rate.samples_per_pass != rate.epochs_per_pass * len(setup["paths"]):
-        raise RuntimeError(f"{key}: an epoch gave {rate.samples_per_pass // rate.epochs_per_pass} sequences")
-    print(f" {rate.samples_per_s:,.0f} seq/s", flush=True)
-    return {"key": key, "method": method, "workers": workers_label, **rate.to_dict(), "memory": memory}
-
-
-def consume(loader):
-    """Iterate one epoch, touching every batch; return the sequences seen."""
-    count = 0
-    for batch in loader:
-        tokens = batch[0]
-        count += len(tokens)
-        int(tokens[-1, 0])
-    return count
+    found += [Row("copy_rows", f"{copy}, row by row into a preallocated [B, {MAX_LENGTH}] array", "1 thread",
+                  _copy_epochs, {"contiguous": False}, "copy", memory=True, limit=True),
+              Row("copy_contiguous", "copy: as many bytes per batch in one contiguous slice (scale only)", "1 thread",
+                  _copy_epochs, {"contiguous": True}, "copy", memory=True, limit=True)]
+    return found
 
 
 @contextmanager
@@ -129,33 +100,11 @@ def _packed_epochs(setup, fmt, num_workers=0, pad_to=None, bucketed=False):
 def _copy_epochs(setup, contiguous):
     """Epochs copying each batch's stored tokens from the memmap (no loader, no padding fill)."""
     from fastdata.formats import read_packed
+    from fastdata.measure.limits import token_copy_epochs
 
     columns, _ = read_packed(setup["files"]["hdf5"])
-    values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets)
-    order = np.random.default_rng(setup["seed"]).permutation(len(offsets) - 1)
-    size = setup["batch_size"]
-    batches = [np.sort(order[i : i + size]) for i in range(0, len(order), size)]
-    out = np.zeros((size, MAX_LENGTH), values.dtype)
-    flat = out.reshape(-1)
-
-    def copy_rows():
-        for indices in batches:
-            starts, stops = offsets[indices].tolist(), offsets[indices + 1].tolist()
-            for row, (start, stop) in enumerate(zip(starts, stops)):
-                out[row, : stop - start] = values[start:stop]
-        return len(order)
-
-    def copy_contiguous():
-        for indices in batches:
-            count = int((offsets[indices + 1] - offsets[indices]).sum())
-            start = int(offsets[indices[0]]) % max(1, len(values) - count)
-            flat[:count] = values[start : start + count]
-        return len(order)
-
-    yield copy_contiguous if contiguous else copy_rows
-
-
-_EPOCH_BUILDERS = {"raw": _raw_epochs, "packed": _packed_epochs, "copy": _copy_epochs}
+    yield token_copy_epochs(columns.samples, columns.offsets, setup["batch_size"], MAX_LENGTH,
+                            contiguous=contiguous, seed=setup["seed"])
 
 
 def padding_shares(path, batch_size, seed):
@@ -192,28 +141,20 @@ def table(rows):
     for row in rows:
         method = row["method"] + (" = LIMIT" if row.get("is_limit") else "")
         body.append((method, row["workers"], f"{row['samples_per_s']:,.0f}", f"{row['fraction_of_limit']:.3g}",
-                     f"{row['ratio_vs_raw']:,.1f}x", _worker_mb(row)))
+                     f"{row['ratio_vs_raw']:,.1f}x", worker_mb(row)))
     headers = ["method", "workers", "sequences/s", "fraction of limit", "vs raw files (0 workers)",
                "per-worker MB: USS (private dirty)"]
     return markdown_table(headers, body, "llrrrr")
-
-
-def _worker_mb(row):
-    workers = (row.get("memory") or {}).get("per_worker") or []
-    if not workers:
-        return "-"
-    uss = statistics.mean(w["uss"] for w in workers) / 1e6
-    return f"{uss:,.0f} ({statistics.mean(w.get('private_dirty', 0) for w in workers) / 1e6:,.0f})"
 
 
 def run(config, fresh):
     """Run the text section; return its results (rows, conversion, targets, table)."""
     setup = prepare(config)
     print(f"text: {len(setup['paths'])} reviews in {setup['corpus']}", flush=True)
-    rows = [fresh.run(measure_row, spec, setup) if spec[3] == "raw"  # slow rows: one process is enough
-            else fresh.run_median(config["process_repeats"], measure_row, spec, setup)  # NOTE [process to process]
-            for spec in row_specs(config["workers"])]
-    targets = summarize(rows)
+    measured = [fresh.run(measure_row, row, setup) if row.kind == "raw"  # slow rows: one process is enough
+                else fresh.run_median(config["process_repeats"], measure_row, row, setup)  # NOTE [process to process]
+                for row in rows(config["workers"])]
+    targets = summarize(measured)
     padding = padding_shares(setup["files"]["hdf5"], config["batch_size"], config["seed"])
     return {
         "num_samples": len(setup["paths"]),
@@ -221,7 +162,7 @@ def run(config, fresh):
         "files": setup["files"],
         "conversion": setup["conversion"],
         "padding": padding,
-        "rows": rows,
+        "rows": measured,
         "targets": targets,
-        "table": table(rows),
+        "table": table(measured),
     }

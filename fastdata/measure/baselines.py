@@ -1,8 +1,15 @@
-"""Baselines that fastdata is measured against: raw files read and decoded per item.
+"""Baselines that fastdata is measured against: what a user would write without it.
 
-torch is imported on first use (see NOTE [whole epochs] in bench.py), so
-benchmark scripts importing this stay light.
+Raw files read and decoded per item (images, texts), the tutorial h5py
+Dataset, per-sample Python objects (the memory baselines) and a plain
+multiprocessing.Pool conversion. torch and h5py are imported on first use,
+so benchmark scripts importing this stay light (see NOTE [light main] in
+benchmarks/sections/images.py); the classes sit at module level so that spawned
+DataLoader workers can unpickle them.
 """
+
+import multiprocessing
+from functools import partial
 
 import numpy as np
 from PIL import Image
@@ -52,6 +59,57 @@ class RawFolderDataset:
 
         pixels = load_resized(str(self.paths[index]), self.size)
         return torch.from_numpy(pixels).permute(2, 0, 1), int(self.labels[index])
+
+
+class RawFolderListDataset(RawFolderDataset):
+    """RawFolderDataset with its paths in a Python list, as most tutorials keep them.
+
+    Items are the same; each worker touches the reference count of every
+    path it reads, which copies the pages holding those str objects.
+    """
+
+    def __init__(self, paths, labels, size):
+        super().__init__(paths, labels, size)
+        self.paths = [str(path) for path in paths]
+
+
+def pool_decode(paths, size, workers):
+    """Decode and resize every path on a plain ``multiprocessing.Pool``; return uint8 ``[N, size, size, 3]``.
+
+    What a conversion script without fastdata does; Pool start-up is
+    included, as such a script would pay it.
+    """
+    out = np.empty((len(paths), size, size, 3), np.uint8)
+    chunksize = max(1, min(64, len(paths) // (workers * 8)))
+    with multiprocessing.Pool(workers) as pool:
+        for index, pixels in enumerate(pool.imap(partial(load_resized, size=size), paths, chunksize)):
+            out[index] = pixels
+    return out
+
+
+class TutorialH5Dataset:
+    """What most h5py tutorials show: open the file in ``__init__``, index it per item.
+
+    Items are ``(dset[index] uint8 [3, H, W] ndarray, label int)``; the labels
+    are read into memory once. Only safe with 0 workers (an open HDF5 handle
+    does not survive fork).
+    """
+
+    def __init__(self, path, name="samples"):
+        import h5py  # on first use, see the module docstring
+
+        self.file = h5py.File(path, "r")
+        self.samples = self.file[name]
+        self.labels = self.file["labels"][:]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        return self.samples[index], int(self.labels[index])
+
+    def close(self):
+        self.file.close()
 
 
 class RawTextDataset:
@@ -106,3 +164,50 @@ class PerItem:
         return self.dataset[index]
 
 
+# ---------------------------------------------------------------- memory baselines: per-sample Python objects
+
+
+class PathListDataset:
+    """One Python str per sample (``self.paths``), as an ImageFolder-style list keeps them.
+
+    Items are ``(len(path), label)``: no file is read, so a pass measures
+    what holding the per-sample objects costs, not decoding.
+    """
+
+    def __init__(self, paths, labels):
+        self.paths = list(paths)
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, index):
+        return len(self.paths[index]), int(self.labels[index])
+
+
+class RecordListDataset:
+    """One Python dict per sample (``{"path": str, "label": int}``), as JSON-manifest datasets keep them."""
+
+    def __init__(self, paths, labels):
+        self.records = [{"path": path, "label": int(label)} for path, label in zip(paths, labels)]
+
+    def __len__(self):
+        return len(self.records)
+
+    def __getitem__(self, index):
+        record = self.records[index]
+        return len(record["path"]), record["label"]
+
+
+class PathArrayDataset:
+    """The same paths in one numpy array (``np.asarray(paths)``, fixed-width str) and labels int64 ``[N]``."""
+
+    def __init__(self, paths, labels):
+        self.paths = np.asarray(paths)
+        self.labels = np.asarray(labels, dtype=np.int64)
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, index):
+        return len(str(self.paths[index])), int(self.labels[index])

@@ -9,7 +9,7 @@ or repeats batches fails instead of looking fast.
 
 Only the standard library, numpy and Pillow are imported at the top (torch,
 h5py and the converters on first use), so benchmark scripts importing this
-stay light (see NOTE [light main] in benchmarks/images.py).
+stay light (see NOTE [light main] in benchmarks/sections/images.py).
 """
 
 import datetime
@@ -190,10 +190,9 @@ def touch(tensor):
 
 def close_loader(loader):
     """Stop a DataLoader's persistent workers now rather than at some later garbage collection."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-        loader._iterator = None
+    from fastdata.loading.loader import close_workers  # torch is loaded already: ``loader`` is a DataLoader
+
+    close_workers(loader)
 
 
 # ---------------------------------------------------------------- memory per worker
@@ -261,8 +260,9 @@ def _psutil_memory(pid):
 
 def worker_pids(loader):
     """Return the pids of a DataLoader's live worker processes (persistent workers only, else [])."""
-    workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
-    return [worker.pid for worker in workers if worker.is_alive()]
+    from fastdata.loading import loader as loading  # torch is loaded already: ``loader`` is a DataLoader
+
+    return loading.worker_pids(loader)
 
 
 def child_pids():
@@ -379,6 +379,9 @@ def available_memory():
         return None
 
 
+_VERSIONS = ("fastdata", "torch", "numpy", "pillow", "h5py", "pyarrow")
+
+
 def describe_machine():
     """Describe this machine and the software versions, for a results file."""
     fastdata_file = _origin("fastdata")
@@ -393,7 +396,7 @@ def describe_machine():
         "ram_bytes": _ram_bytes(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {name: _version(name) for name in ("fastdata", "torch", "numpy", "pillow", "h5py", "pyarrow")},
+        "versions": {name: installed_version(name) for name in _VERSIONS},
         "fastdata_file": fastdata_file,
         "fastdata_git_commit": commit,
         "fastdata_git_dirty": None if commit is None else bool(changes),
@@ -422,7 +425,8 @@ def _ram_bytes():
         return None
 
 
-def _version(name):
+def installed_version(name):
+    """Return the installed version of package ``name``, or None."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -452,14 +456,16 @@ class Row:
     """One measured method: its key, what it is, its workers as shown, and how to build it.
 
     ``build`` is the caller's: a loader factory in `fastdata bench`, a
-    picklable factory of epoch functions in benchmarks/ (rows travel to
-    fresh processes there). ``kind`` groups rows a caller treats alike.
+    module-level factory of epoch functions called with ``options`` in
+    benchmarks/ (rows travel to fresh processes there). ``kind`` groups rows
+    a caller treats alike.
     """
 
     key: str
     method: str
     workers: str  # as shown: "0 (defaults)", "2 (persistent)", "2 threads"
     build: object = None
+    options: dict = field(default_factory=dict)
     kind: str = ""
     memory: bool = False  # record the memory of the worker processes
     limit: bool = False  # a limit row (see limits.py), not a loader

@@ -20,7 +20,7 @@ fewest workers, the default prefetch, pinning on CUDA), whose rate is within
 Before each trial, the median trial so far estimates its cost; when it would
 end past the budget the search stops and recommends the best so far (the
 first trial always runs). A trial measures whole shuffled epochs (NOTE
-[whole epochs] in bench.py) over the first ``samples_per_epoch`` samples,
+[whole epochs] in engine.py) over the first ``samples_per_epoch`` samples,
 sized so that an epoch at the default settings takes a fraction of a trial.
 """
 
@@ -30,6 +30,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 from fastdata._cpu import usable_cpus
+from fastdata.errors import OptionError
 from fastdata.loading.recommendation import file_identity
 from fastdata.measure.engine import available_memory, describe_machine, measure_loader
 
@@ -129,7 +130,7 @@ def tune_loader(path, *, budget=60.0, max_workers=None, batch_size=None, on_tria
     from fastdata.loading.datasets import open_dataset
 
     if not budget > 0:
-        raise ValueError(f"budget should be a positive number of seconds, got budget={budget!r}")
+        raise OptionError(f"budget should be a positive number of seconds, got budget={budget!r}")
     started = clock()
     dataset = open_dataset(path)
     cuda = torch.cuda.is_available()

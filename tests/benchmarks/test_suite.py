@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))  # the suite imports as benchmarks.*, shadowing nothing
 
-import _system  # noqa: E402
-import report  # noqa: E402
-import run as suite  # noqa: E402
-from _baseline_datasets import EpochBatches, StreamBatches  # noqa: E402
-from _fresh import FreshProcesses  # noqa: E402
+from benchmarks import machine, report  # noqa: E402
+from benchmarks import run as suite  # noqa: E402
+from benchmarks.fresh import FreshProcesses, run_isolated  # noqa: E402
+from benchmarks.samplers import EpochBatches, StreamBatches  # noqa: E402
 
 SECTIONS = {"images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache"}
 
@@ -53,21 +52,16 @@ def test_stream_batches_are_full_sorted_and_cover_each_epoch():
     assert not np.array_equal(np.concatenate(list(epochs)), np.concatenate(list(epochs)))  # a new draw each epoch
 
 
-def test_memory_of_reads_this_process():
-    memory = _system.memory_of(os.getpid())
-    assert memory["uss"] > 0 and memory["pss"] > 0 and memory["uss"] >= memory["private_dirty"]
-
-
 def test_page_cache_drop_is_checked_by_residency(tmp_path):
     path = tmp_path / "data.bin"
     path.write_bytes(os.urandom(1 << 20))
     path.read_bytes()
-    dropped = _system.drop_from_page_cache([str(path)])
+    dropped = machine.drop_from_page_cache([str(path)])
     if dropped["method"] is None:
         pytest.skip(f"this machine keeps the pages: {dropped['notes']}")
     assert dropped["resident_after"] <= 0.01
     path.read_bytes()
-    assert _system.page_residency(str(path)) > 0.5
+    assert machine.page_residency(str(path)) > 0.5
 
 
 def test_fresh_processes_return_results_and_report_errors():
@@ -76,6 +70,34 @@ def test_fresh_processes_return_results_and_report_errors():
         with pytest.raises(RuntimeError, match="ValueError"):
             fresh.run(int, "not a number")
         assert fresh.run(operator.mul, 4, 5) == 20  # the zygote survives a failed row
+
+
+def test_isolated_process_returns_results_and_reports_errors():
+    assert run_isolated(operator.add, 2, 3) == 5
+    with pytest.raises(RuntimeError, match="ValueError"):
+        run_isolated(int, "not a number")
+
+
+SHADOW_CHECK = """
+import importlib.util, os, runpy, sys
+script, names = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, os.path.dirname(script))  # as Python does for a script
+sys.argv = [script, "--help"]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit:
+    pass
+specs = {name: importlib.util.find_spec(name) for name in names}
+print([name for name, spec in specs.items() if spec and os.path.dirname(script) in str(spec.origin)])
+"""
+
+
+def test_run_as_a_script_leaves_no_benchmark_module_importable_by_a_bare_name():
+    names = sorted({path.stem for path in (REPO / "benchmarks").rglob("*.py")} - {"__init__"})
+    assert {"run", "images", "text"} <= set(names)
+    done = subprocess.run([sys.executable, "-c", SHADOW_CHECK, str(REPO / "benchmarks" / "run.py"), *names],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.slow
@@ -99,6 +121,11 @@ def test_benchmark_suite_quick_run(tmp_path):
     targets = results["targets"]
     assert targets and all(isinstance(t["pass"], bool) and (t["margin"] is None or t["margin"] > 0) for t in targets)
     assert results["machine"]["cpu_count"] and results["run_seconds"] > 0
+    images = [row for result in sections["images"]["sizes"].values() for row in result["loading"]]
+    assert all(row["samples_per_s"] > 0 for row in images)
+    assert all(isinstance(t["pass"], bool) for result in sections["images"]["sizes"].values()
+               for t in result["targets"])
+    assert "| method" in finished.stdout and "## Targets" in finished.stdout
     markdown = (out / "results.md").read_text()
     assert "## Targets" in markdown and "| result" in markdown and "## Sweeps" in markdown
     if results["machine"]["versions"].get("matplotlib"):

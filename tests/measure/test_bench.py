@@ -100,6 +100,11 @@ def test_consume_counts_the_first_tensor(batch):
     assert consume([batch, batch]) == 6
 
 
+def test_consume_counts_a_dict_batch_by_key():
+    batch = {"label": torch.ones(5), "image": torch.ones(3, 2)}
+    assert consume([batch, batch], key="image") == 6
+
+
 # ---------------------------------------------------------------- memory
 
 
