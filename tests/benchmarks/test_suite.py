@@ -48,8 +48,21 @@ def test_stream_batches_are_full_sorted_and_cover_each_epoch():
     assert all(len(b) == 4 and np.all(np.diff(b) > 0) for b in first_epoch)
     assert len(np.unique(np.concatenate(first_epoch))) == 8
     epochs = EpochBatches(10, 4, num_batches=5, seed=0)
-    assert len(list(epochs)) == len(epochs) == 5
-    assert not np.array_equal(np.concatenate(list(epochs)), np.concatenate(list(epochs)))  # a new draw each epoch
+    first = list(epochs)
+    assert len(first) == len(epochs) == 5
+    assert not np.array_equal(np.concatenate(first), np.concatenate(list(epochs)))  # a new draw each epoch
+    assert epochs.epoch == 2 and np.array_equal(np.concatenate(list(epochs.batches(0))), np.concatenate(first))
+
+
+def test_epoch_batches_give_make_loader_each_epoch_s_batches(packed_files):
+    from fastdata import make_loader, open_dataset
+
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    sampler = EpochBatches(len(dataset), 4, num_batches=3, seed=0)
+    loader = make_loader(dataset, batch_sampler=sampler)
+    seen = [[labels.tolist() for _, labels in loader] for _ in range(3)]
+    expected = [[dataset.labels[b].tolist() for b in sampler.batches(epoch)] for epoch in range(3)]
+    assert seen == expected and sampler.epoch == 3
 
 
 def test_page_cache_drop_is_checked_by_residency(tmp_path):
