@@ -1,7 +1,6 @@
 """Command line: `fastdata convert | info | bench | tune` (thin wrappers over the library)."""
 
 import functools
-import os
 import re
 import signal
 import sys
@@ -9,22 +8,40 @@ import traceback
 
 import click
 
-from fastdata.errors import FastdataError
+from fastdata.codecs.images import RESAMPLE_FILTERS, RESIZE_MODES
+from fastdata.converters.imagefolder import STORAGE_MODES
+from fastdata.converters.report import ON_ERROR
+from fastdata.converters.staging import check_output
+from fastdata.converters.textsources import SOURCE_FORMATS
+from fastdata.errors import FastdataError, OptionError
 
 
 def _reports_errors(command):
-    """Print a FastdataError (or bad file/argument) as one line and exit 1."""
+    """Print a FastdataError as one line and exit 1 (anything else is a bug: its traceback shows)."""
 
     @functools.wraps(command)
     def wrapper(*args, debug=False, **kwargs):
         try:
             return command(*args, **kwargs)
-        except (FastdataError, FileNotFoundError, FileExistsError, ValueError) as exc:
+        except FastdataError as exc:
             if debug:
                 traceback.print_exc()
             raise click.ClickException(str(exc)) from exc
 
     return click.option("--debug", is_flag=True, help="Show the full traceback on errors.")(wrapper)
+
+
+def _conversion_options(work, bad_input):
+    """Add the options every ``convert`` command takes: --workers, --on-error, --overwrite, --quiet."""
+    options = [
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help=f"{work} processes [default: all cores]."),
+        click.option("--on-error", type=click.Choice(ON_ERROR), default="skip", show_default=True,
+                     help=f"What to do with {bad_input}."),
+        click.option("--overwrite", is_flag=True, help="Replace OUT if it exists."),
+        click.option("--quiet", is_flag=True, help="No progress bar."),
+    ]
+    return lambda command: functools.reduce(lambda command, option: option(command), reversed(options), command)
 
 
 @click.group()
@@ -44,19 +61,15 @@ def convert():
 @click.argument("src", type=click.Path(file_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--size", default="64", show_default=True, help="Stored size: N (square) or HxW.")
-@click.option("--resize", type=click.Choice(["crop", "pad", "stretch"]), default="crop", show_default=True,
+@click.option("--resize", type=click.Choice(RESIZE_MODES), default="crop", show_default=True,
               help="crop: cover then center-crop; pad: fit then pad; stretch: ignore aspect ratio.")
-@click.option("--resample", type=click.Choice(["bilinear", "bicubic", "lanczos", "nearest"]), default="bilinear",
+@click.option("--resample", type=click.Choice(list(RESAMPLE_FILTERS)), default="bilinear",
               show_default=True, help="Resampling filter.")
-@click.option("--storage", type=click.Choice(["raw", "jpeg"]), default="raw", show_default=True,
+@click.option("--storage", type=click.Choice(STORAGE_MODES), default="raw", show_default=True,
               help="raw: uint8 pixels (fastest to load); jpeg: re-encoded, 5-10x smaller.")
 @click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
               help="JPEG quality with --storage jpeg.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Decoding processes [default: all cores].")
-@click.option("--on-error", type=click.Choice(["skip", "warn", "raise"]), default="skip", show_default=True,
-              help="What to do with an image that cannot be decoded.")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_conversion_options("Decoding", "an image that cannot be decoded")
 @_reports_errors
 def convert_imagefolder_command(src, out, size, resize, resample, storage, quality, workers, on_error, overwrite,
                                 quiet):
@@ -87,18 +100,14 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
               help="Lower-case the text [default: on for words, off otherwise].")
 @click.option("--strip-html/--keep-html", default=None,
               help="Replace HTML line breaks (<br />) by spaces [default: on, off for tokenizer files].")
-@click.option("--source-format", type=click.Choice(["folder", "csv", "tsv", "jsonl", "lines"]), default=None,
+@click.option("--source-format", type=click.Choice(SOURCE_FORMATS), default=None,
               help="How to read SRC [default: folder, or by file extension; other files: one text per line].")
 @click.option("--text-field", default="text", show_default=True, help="CSV column / JSON field with the text.")
 @click.option("--label-field", default="label", show_default=True, help="CSV column / JSON field with the label.")
 @click.option("--no-labels", is_flag=True, help="CSV/JSONL: store no labels (all -1).")
 @click.option("--unsup/--no-unsup", default=False, show_default=True,
               help="Folder SRC: also store the unsup folder, unlabeled (label -1).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Tokenizing processes [default: all cores].")
-@click.option("--on-error", type=click.Choice(["skip", "warn", "raise"]), default="skip", show_default=True,
-              help="What to do with an unusable input (not UTF-8, empty, missing field, bad label).")
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_conversion_options("Tokenizing", "an unusable input (not UTF-8, empty, missing field, bad label)")
 @_reports_errors
 def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html,
                          source_format, text_field, label_field, no_labels, unsup, workers, on_error, overwrite,
@@ -159,7 +168,8 @@ def bench_command(target, batch_size, workers, repeats, seconds, size, json_out,
     from fastdata.measure.engine import write_json
 
     for out in (json_out, plot_out):
-        _check_new(out, overwrite)
+        if out is not None:
+            check_output(out, overwrite)
     if plot_out:
         require("matplotlib", "plot", "fastdata bench --plot")
     results = benchmark(
@@ -197,22 +207,11 @@ def tune_command(path, budget, json_out, max_workers, batch_size, overwrite):
     from fastdata.measure.tune import format_trial, tune_loader, write_tune_json
 
     out = json_out or tune_json_path(path)
-    _check_new(out, overwrite)
+    check_output(out, overwrite)
     result = tune_loader(path, budget=_parse_duration("--budget", budget), max_workers=max_workers,
                          batch_size=batch_size, on_trial=lambda trial: click.echo(format_trial(trial)))
     click.echo(str(result))
     click.echo(f"wrote {write_tune_json(result, out)}")
-
-
-def _check_new(path, overwrite):
-    """Fail before any work if output ``path`` exists (without ``overwrite``) or its folder does not."""
-    if path is None:
-        return
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path!r} already exists; pass --overwrite to replace it")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"output folder {folder!r} does not exist")
 
 
 def _parse_counts(name, text):
@@ -221,7 +220,7 @@ def _parse_counts(name, text):
     except ValueError:
         counts = []
     if not counts or min(counts) < 0:
-        raise ValueError(f"{name} should be non-negative integers separated by commas, e.g. 0,2; got {text!r}")
+        raise OptionError(f"{name} should be non-negative integers separated by commas, e.g. 0,2; got {text!r}")
     return counts
 
 
@@ -233,7 +232,7 @@ def _parse_duration(name, text):
     match = _DURATION.fullmatch(text)
     seconds = float(match[1]) * _SECONDS_PER[match[2] and match[2].lower()] if match else 0
     if not seconds > 0:
-        raise ValueError(f"{name} should be a positive duration: seconds (60, 60s) or minutes (2m), got {text!r}")
+        raise OptionError(f"{name} should be a positive duration: seconds (60, 60s) or minutes (2m), got {text!r}")
     return seconds
 
 
@@ -244,7 +243,7 @@ def _parse_size(text):
     except ValueError:
         sizes = []
     if len(sizes) not in (1, 2) or min(sizes) < 1:
-        raise ValueError(f"--size should be N or HxW with positive integers, got {text!r}")
+        raise OptionError(f"--size should be N or HxW with positive integers, got {text!r}")
     return sizes[0] if len(sizes) == 1 else tuple(sizes)
 
 

@@ -1,8 +1,24 @@
-"""Exceptions raised by fastdata; each also derives from the matching builtin."""
+"""Exceptions raised by fastdata; each also derives from the matching builtin.
+
+The command line prints any FastdataError as one line (``--debug`` shows the
+traceback); anything else is a bug and shows its traceback.
+"""
 
 
 class FastdataError(Exception):
     """Base class of every error fastdata raises on purpose."""
+
+
+class OptionError(FastdataError, ValueError):
+    """An argument of a function, or an option of a command, has a bad value."""
+
+
+class NotFoundError(FastdataError, FileNotFoundError):
+    """A file or folder fastdata was given, or should write into, does not exist."""
+
+
+class OutputExistsError(FastdataError, FileExistsError):
+    """The output file exists and replacing it was not asked for (``overwrite``)."""
 
 
 class FormatError(FastdataError, ValueError):

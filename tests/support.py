@@ -9,7 +9,7 @@ from PIL import Image
 
 NUM_CLASSES = 4
 PER_CLASS = 6
-SOURCE_SIZE = (120, 90)  # (width, height) of the source JPEGs
+SOURCE_SIZE = (120, 90)  # (width, height) the source images vary around
 STORED_SIZE = 32  # stored height and width
 
 FORMATS = {"hdf5": ".h5", "arrow": ".arrow"}
@@ -219,3 +219,21 @@ def _version1_metadata(metadata):
     import json
 
     return json.dumps({**{key: value for key, value in metadata.items() if key != "checksums"}, "format_version": 1})
+
+
+def run_cli(*args):
+    """Run ``fastdata ARGS`` in this process through click's CliRunner; exceptions other than exit propagate."""
+    from click.testing import CliRunner
+
+    from fastdata.cli import main
+
+    return CliRunner().invoke(main, [str(arg) for arg in args], catch_exceptions=False)
+
+
+def one_error_line(result):
+    """Return the one ``Error: ...`` line a failed command printed; fail if it printed more or a traceback."""
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]

@@ -9,33 +9,18 @@ import time
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from support import NUM_CLASSES, PER_CLASS, folder_listing, stored_images
+from support import NUM_CLASSES, PER_CLASS, folder_listing, one_error_line, stored_images
+from support import run_cli as run
 
+from fastdata import errors
 from fastdata.cli import main
+from fastdata.codecs.images import RESAMPLE_FILTERS, RESIZE_MODES
+from fastdata.converters.imagefolder import STORAGE_MODES
+from fastdata.converters.report import ON_ERROR
+from fastdata.converters.textsources import SOURCE_FORMATS
 from fastdata.formats import read_packed
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
-
-
-@pytest.fixture(autouse=True)
-def restore_sigterm():
-    # `fastdata` installs a SIGTERM handler for its own process; keep pytest's.
-    handler = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, handler)
-
-
-def run(*args):
-    return CliRunner().invoke(main, [os.fspath(a) for a in args], catch_exceptions=False)
-
-
-def one_error_line(result):
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1, result.output
-    assert lines[0].startswith("Error: "), result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 @pytest.fixture
@@ -249,6 +234,87 @@ def test_info_on_a_foreign_file(tmp_path):
     result = run("info", path)
     assert result.exit_code == 1
     assert "foreign.arrow" in one_error_line(result)
+
+
+# ---------------------------------------------------------------- every user error is one line
+
+
+@pytest.fixture
+def user_inputs(tmp_path, monkeypatch):
+    """Work in ``tmp_path`` with a text file, a bad vocabulary, a bad tokenizer file and an empty folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("a b c\nd e f\n")
+    (tmp_path / "vocab.txt").write_text("x\nx\n")
+    (tmp_path / "tok.json").write_text("{bad")
+    (tmp_path / "empty").mkdir()
+    return tmp_path
+
+
+USER_ERRORS = [
+    (["convert", "text", "t.txt", "o.h5", "--vocab", "vocab.txt"], "FormatError", "lists 'x' twice"),
+    (["convert", "text", "t.txt", "o.h5", "--tokenizer", "tok.json"], "FormatError", "not a Hugging Face"),
+    (["convert", "text", "t.txt", "o.h5", "--tokenizer", "nope"], "NotFoundError", "'nope' does not exist"),
+    (["convert", "text", "t.txt", "o.h5", "--source-format", "folder"], "OptionError", "does not fit"),
+    (["convert", "text", "t.txt", "o.h5", "--tokenizer", "bytes", "--min-freq", "2"], "OptionError", "'words'"),
+    (["convert", "text", "t.txt", "t.txt"], "FormatError", "unknown extension '.txt'"),
+    (["convert", "text", "t.txt", "nowhere/o.h5"], "NotFoundError", "output folder"),
+    (["convert", "text", "t.txt", "vocab.h5"], "OutputExistsError", "already exists"),  # made by the test
+    (["convert", "imagefolder", "empty", "o.h5", "--size", "3x"], "OptionError", "--size"),
+    (["convert", "imagefolder", "empty", "o.h5"], "SourceError", "no class folders"),
+    (["info", "t.txt"], "FormatError", "unknown extension"),
+    (["info", "missing.arrow"], "NotFoundError", "does not exist"),
+    (["bench", "empty", "--quick"], "SourceError", "neither an image folder"),
+    (["bench", "t.txt", "--workers", "0,x"], "OptionError", "--workers"),
+    (["bench", "t.txt", "--json", "nowhere/x.json"], "NotFoundError", "output folder"),
+    (["tune", "t.txt", "--budget", "1"], "FormatError", "unknown extension"),
+    (["tune", "t.txt", "--budget", "soon"], "OptionError", "--budget"),
+]
+
+
+@pytest.mark.parametrize("args, error, fragment", USER_ERRORS, ids=[" ".join(args) for args, _, _ in USER_ERRORS])
+def test_every_error_a_user_can_make_is_one_line_from_a_fastdata_error(user_inputs, args, error, fragment):
+    (user_inputs / "vocab.h5").write_bytes(b"keep me")
+    result = run(*args, "--quiet") if args[0] == "convert" else run(*args)
+    assert result.exit_code == 1
+    assert fragment in one_error_line(result)
+    debug = run(*args, "--debug")  # the traceback's last line names the exception's class
+    raised = debug.output.split("Traceback")[-1].strip().splitlines()[-2]
+    assert raised.startswith(f"fastdata.errors.{error}: ")
+    assert issubclass(getattr(errors, error), errors.FastdataError)
+    assert (user_inputs / "vocab.h5").read_bytes() == b"keep me"
+
+
+def test_an_error_that_is_not_a_fastdata_error_is_a_bug_and_shows_its_traceback(packed, monkeypatch):
+    def broken(path):
+        raise ValueError("a bug in describe")
+
+    monkeypatch.setattr("fastdata.info.describe", broken)
+    with pytest.raises(ValueError, match="a bug in describe"):
+        run("info", packed)
+
+
+def test_choices_are_the_library_constants():
+    commands = {name: command for name, command in main.commands["convert"].commands.items()}
+    choices = {
+        ("imagefolder", "resize"): RESIZE_MODES,
+        ("imagefolder", "resample"): tuple(RESAMPLE_FILTERS),
+        ("imagefolder", "storage"): STORAGE_MODES,
+        ("imagefolder", "on_error"): ON_ERROR,
+        ("text", "source_format"): SOURCE_FORMATS,
+        ("text", "on_error"): ON_ERROR,
+    }
+    for (command, option), constant in choices.items():
+        (param,) = [p for p in commands[command].params if p.name == option]
+        assert tuple(param.type.choices) == tuple(constant)
+
+
+def test_convert_commands_share_their_common_options():
+    def common(command):
+        return {p.name: (type(p.type), p.default, p.is_flag) for p in command.params
+                if p.name in ("workers", "on_error", "overwrite", "quiet", "debug")}
+
+    images, text = (main.commands["convert"].commands[name] for name in ("imagefolder", "text"))
+    assert common(images) == common(text) and len(common(images)) == 5
 
 
 # ---------------------------------------------------------------- entry points

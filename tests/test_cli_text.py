@@ -2,16 +2,11 @@
 
 import os
 
-from click.testing import CliRunner
+from support import run_cli as run
 from support import stored_sequences
 
 from fastdata import Tokenizer
-from fastdata.cli import main
 from fastdata.measure.synthetic import make_reviews, write_text_file
-
-
-def run(*args):
-    return CliRunner().invoke(main, [str(arg) for arg in args])
 
 
 def test_convert_folder_then_info(text_corpus, tmp_path):

@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from fastdata._optional import optional
+from fastdata.errors import OptionError
 
 RESIZE_MODES = ("crop", "pad", "stretch")
 RESAMPLE_FILTERS = {
@@ -72,11 +73,11 @@ class ImageSpec:
 
     def __post_init__(self):
         if self.height < 1 or self.width < 1:
-            raise ValueError(f"size should be positive, got {self.height}x{self.width}")
+            raise OptionError(f"size should be positive, got {self.height}x{self.width}")
         if self.resize not in RESIZE_MODES:
-            raise ValueError(f"resize should be one of {RESIZE_MODES}, got {self.resize!r}")
+            raise OptionError(f"resize should be one of {RESIZE_MODES}, got {self.resize!r}")
         if self.resample not in RESAMPLE_FILTERS:
-            raise ValueError(f"resample should be one of {tuple(RESAMPLE_FILTERS)}, got {self.resample!r}")
+            raise OptionError(f"resample should be one of {tuple(RESAMPLE_FILTERS)}, got {self.resample!r}")
 
     def to_dict(self):
         return {**asdict(self), "background": list(self.background)}

@@ -24,7 +24,7 @@ from collections import Counter
 import numpy as np
 
 from fastdata._optional import require
-from fastdata.errors import FormatError
+from fastdata.errors import FormatError, OptionError
 
 KINDS = ("words", "bytes", "hf")
 PAD_TOKEN, UNK_TOKEN = "<pad>", "<unk>"
@@ -70,9 +70,9 @@ def rank_vocabulary(tokens, counts, *, min_freq=1, max_vocab=None):
 
 def _check_vocab_options(min_freq, max_vocab):
     if not isinstance(min_freq, int) or isinstance(min_freq, bool) or min_freq < 1:
-        raise ValueError(f"min_freq should be a positive integer, got min_freq={min_freq!r}")
+        raise OptionError(f"min_freq should be a positive integer, got min_freq={min_freq!r}")
     if max_vocab is not None and (not isinstance(max_vocab, int) or max_vocab <= len(SPECIAL_TOKENS)):
-        raise ValueError(
+        raise OptionError(
             f"max_vocab should be an integer of at least {len(SPECIAL_TOKENS) + 1} "
             f"({len(SPECIAL_TOKENS)} reserved ids + 1 token), got max_vocab={max_vocab!r}"
         )
@@ -97,10 +97,10 @@ class Tokenizer:
     def __init__(self, kind, *, vocabulary=None, hf_json=None, lowercase=None, strip_html=None,
                  max_length=None, pattern=WORD_PATTERN, add_special_tokens=True):
         if kind not in KINDS:
-            raise ValueError(f"kind should be one of {KINDS}, got kind={kind!r}")
+            raise OptionError(f"kind should be one of {KINDS}, got kind={kind!r}")
         if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
                                        or max_length < 1):
-            raise ValueError(f"max_length should be a positive integer or None, got max_length={max_length!r}")
+            raise OptionError(f"max_length should be a positive integer or None, got max_length={max_length!r}")
         default_lower, default_strip = _DEFAULTS[kind]
         self.kind = kind
         self.lowercase = default_lower if lowercase is None else bool(lowercase)
@@ -120,14 +120,16 @@ class Tokenizer:
     def _init_words(self, vocabulary):
         vocabulary = list(vocabulary or ())
         if not all(isinstance(token, str) and token for token in vocabulary):
-            raise ValueError("vocabulary should be a list of non-empty strings")
+            raise OptionError("vocabulary should be a list of non-empty strings")
         self._index = {token: i for i, token in enumerate(vocabulary)}
         if len(self._index) != len(vocabulary):
             duplicate = next(t for t, c in Counter(vocabulary).items() if c > 1)
-            raise ValueError(f"vocabulary lists {duplicate!r} more than once")
+            raise OptionError(f"vocabulary lists {duplicate!r} more than once")
         missing = [token for token in SPECIAL_TOKENS if token not in self._index]
         if missing:
-            raise ValueError(f"vocabulary should contain the reserved tokens {list(SPECIAL_TOKENS)}; missing {missing}")
+            raise OptionError(
+                f"vocabulary should contain the reserved tokens {list(SPECIAL_TOKENS)}; missing {missing}"
+            )
         self._compiled = re.compile(self.pattern)
         self.vocabulary = vocabulary
         self.vocab_size = len(vocabulary)
@@ -138,7 +140,7 @@ class Tokenizer:
         try:
             self._hf = hf.Tokenizer.from_str(hf_json)
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-            raise ValueError(f"not a Hugging Face tokenizers JSON description: {exc}") from exc
+            raise FormatError(f"not a Hugging Face tokenizers JSON description: {exc}") from exc
         padding = self._hf.padding
         self._hf.no_padding()  # we truncate (max_length) and pad (loader) ourselves
         self._hf.no_truncation()
@@ -186,12 +188,12 @@ class Tokenizer:
             with open(path, encoding="utf-8-sig") as f:
                 lines = [line.rstrip("\r\n").split("\t", 1)[0] for line in f]
         except UnicodeDecodeError as exc:
-            raise ValueError(f"vocabulary file {path!r} is not UTF-8 text: {exc}") from exc
+            raise FormatError(f"vocabulary file {path!r} is not UTF-8 text: {exc}") from exc
         tokens = [token for token in lines if token]
         seen = set()
         for number, token in enumerate(tokens, 1):
             if token in seen:
-                raise ValueError(f"vocabulary file {path!r} lists {token!r} twice (entry {number}); remove one")
+                raise FormatError(f"vocabulary file {path!r} lists {token!r} twice (entry {number}); remove one")
             seen.add(token)
         specials = [token for token in SPECIAL_TOKENS if token not in seen]
         return cls("words", vocabulary=specials + tokens, **settings)
@@ -211,7 +213,7 @@ class Tokenizer:
         try:
             return cls("hf", hf_json=text, **settings)
         except ValueError as exc:
-            raise ValueError(f"{path!r}: {exc}") from exc
+            raise FormatError(f"{path!r}: {exc}") from exc
 
     @classmethod
     def bytes(cls, **settings):

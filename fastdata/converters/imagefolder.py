@@ -16,7 +16,7 @@ from fastdata.codecs.images import ImageSpec, decode_jpeg, encode_jpeg, image_ex
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
 from fastdata.converters.staging import allocated_memmap, staged_output
-from fastdata.errors import SourceError
+from fastdata.errors import OptionError, SourceError
 from fastdata.formats import Columns, write_packed
 
 STORAGE_MODES = ("raw", "jpeg")
@@ -199,7 +199,7 @@ def convert_imagefolder(
     check_choice("storage", storage, STORAGE_MODES)
     check_choice("on_error", on_error, ON_ERROR)
     if not 1 <= quality <= 100:
-        raise ValueError(f"quality should be in 1..100, got quality={quality}")
+        raise OptionError(f"quality should be in 1..100, got quality={quality}")
     found = _scan_images(root)
     classes, paths, labels = found.classes, found.paths, found.labels
     unreadable = _apply_on_error_to_folders(found.unreadable, on_error)

@@ -12,7 +12,7 @@ from concurrent.futures.process import BrokenProcessPool
 from tqdm.auto import tqdm
 
 from fastdata._cpu import usable_cpus
-from fastdata.errors import FastdataError
+from fastdata.errors import FastdataError, OptionError
 
 
 def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None):
@@ -23,7 +23,7 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
     """
     workers = usable_cpus() if workers is None else workers
     if workers < 1:
-        raise ValueError(f"workers should be a positive integer, got workers={workers}")
+        raise OptionError(f"workers should be a positive integer, got workers={workers}")
     # Start worker processes before the progress bar starts its thread.
     pool = None if workers == 1 or len(items) < 2 else _start_pool(workers)
     bar = _ProgressBar(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True)

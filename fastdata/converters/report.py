@@ -3,7 +3,7 @@
 import warnings
 from dataclasses import dataclass, field
 
-from fastdata.errors import SampleError
+from fastdata.errors import OptionError, SampleError
 
 ON_ERROR = ("skip", "warn", "raise")
 _SHOWN_SKIPS = 5
@@ -57,7 +57,7 @@ def _ignored_summary(ignored):
 def check_choice(name, value, choices):
     """Raise ValueError unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise ValueError(f"{name} should be one of {choices}, got {name}={value!r}")
+        raise OptionError(f"{name} should be one of {choices}, got {name}={value!r}")
 
 
 def handle_bad_input(what, name, index, reason, on_error):

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from fastdata.errors import FastdataError
+from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -40,20 +40,18 @@ def staged_output(out, overwrite=False, source=None):
         source: the input file, which ``out`` may not be.
 
     Raises:
-        FileExistsError: ``out`` exists (or appeared meanwhile) and ``overwrite`` is false.
-        ValueError: ``out`` is ``source``.
+        OutputExistsError: ``out`` exists (or appeared meanwhile) and ``overwrite`` is false.
+        NotFoundError: the output folder does not exist.
+        OptionError: ``out`` is ``source``.
         FastdataError: the output folder is not writable, or the disk filled up
             (nothing is left behind).
     """
     out = os.path.abspath(os.fspath(out))
     format_of(out)  # fail on a bad extension before any work
     if source is not None and os.path.exists(out) and os.path.samefile(out, source):
-        raise ValueError(f"{out!r} is the source of this conversion; choose another output file")
-    if os.path.exists(out) and not overwrite:
-        raise FileExistsError(f"{out!r} already exists; pass --overwrite to replace it")
+        raise OptionError(f"{out!r} is the source of this conversion; choose another output file")
+    check_output(out, overwrite)
     parent, name = os.path.split(out)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"output folder {parent!r} does not exist")
     staging = _make_staging(parent, name)
     try:
         _remove_orphans(parent)
@@ -71,6 +69,20 @@ def staged_output(out, overwrite=False, source=None):
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_output(path, overwrite):
+    """Raise before any work if output ``path`` exists (without ``overwrite``) or its folder does not.
+
+    Raises:
+        OutputExistsError: ``path`` exists and ``overwrite`` is false.
+        NotFoundError: the folder of ``path`` does not exist.
+    """
+    if os.path.exists(path) and not overwrite:
+        raise OutputExistsError(f"{path!r} already exists; pass --overwrite to replace it")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise NotFoundError(f"output folder {folder!r} does not exist")
 
 
 def allocated_memmap(path, dtype, shape):
@@ -155,13 +167,13 @@ def _move(staged_path, out, overwrite):
     try:
         os.link(staged_path, out)
     except FileExistsError as exc:
-        raise FileExistsError(f"{out!r} already exists (written by another process during this conversion); "
+        raise OutputExistsError(f"{out!r} already exists (written by another process during this conversion); "
                               "nothing was written. Pass --overwrite to replace it") from exc
     except OSError as exc:
         if exc.errno not in _NO_HARD_LINKS:
             raise
         if os.path.exists(out):  # a filesystem without hard links: check, then rename
-            raise FileExistsError(f"{out!r} already exists; pass --overwrite to replace it") from exc
+            raise OutputExistsError(f"{out!r} already exists; pass --overwrite to replace it") from exc
         os.replace(staged_path, out)
 
 

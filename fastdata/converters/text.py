@@ -33,7 +33,7 @@ from fastdata.converters.textsources import (
     resolve_labels,
     source_format_of,
 )
-from fastdata.errors import SourceError
+from fastdata.errors import NotFoundError, OptionError, SourceError
 from fastdata.formats import Columns, write_packed
 
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
@@ -146,25 +146,25 @@ def _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowerc
         tokenizer = Tokenizer.from_file(tokenizer)
     if isinstance(tokenizer, Tokenizer):
         if building_options or lowercase is not None or strip_html is not None:
-            raise ValueError("a given tokenizer keeps its own settings; only max_length may be set with it "
+            raise OptionError("a given tokenizer keeps its own settings; only max_length may be set with it "
                              "(vocab, min_freq, max_vocab, lowercase and strip_html may not)")
         return (tokenizer if max_length is None else tokenizer.with_max_length(max_length)), False
     if tokenizer == "words":
         _check_vocab_options(min_freq, max_vocab)
         if vocab is not None:
             if min_freq != 1 or max_vocab is not None:
-                raise ValueError("min_freq and max_vocab apply when building a vocabulary; not with vocab=")
+                raise OptionError("min_freq and max_vocab apply when building a vocabulary; not with vocab=")
             return Tokenizer.from_vocab_file(vocab, **settings), False
         return Tokenizer("words", vocabulary=SPECIAL_TOKENS, **settings), True
     if building_options:
-        raise ValueError(f"vocab, min_freq and max_vocab apply to the 'words' tokenizer, not {tokenizer!r}")
+        raise OptionError(f"vocab, min_freq and max_vocab apply to the 'words' tokenizer, not {tokenizer!r}")
     if tokenizer == "bytes":
         return Tokenizer.bytes(**settings), False
     if not isinstance(tokenizer, (str, os.PathLike)):
         raise TypeError(f"tokenizer should be 'words', 'bytes', a file path or a Tokenizer, "
                         f"got {type(tokenizer).__name__}")
     if not os.path.isfile(tokenizer):
-        raise FileNotFoundError(f"tokenizer should be 'words', 'bytes' or an existing tokenizers .json or "
+        raise NotFoundError(f"tokenizer should be 'words', 'bytes' or an existing tokenizers .json or "
                                 f"packed file; {os.fspath(tokenizer)!r} does not exist")
     return Tokenizer.from_hf_file(tokenizer, **settings), False
 

@@ -2,6 +2,7 @@
 
 import os
 
+from fastdata.errors import FormatError
 from fastdata.formats.arrow import read_arrow, read_arrow_checksums, write_arrow
 from fastdata.formats.hdf5 import read_hdf5, read_hdf5_checksums, write_hdf5
 from fastdata.formats.layout import FORMAT_VERSION, Columns
@@ -14,7 +15,7 @@ _FORMATS = {
 
 
 def format_of(path):
-    """Return "hdf5" or "arrow" for ``path``'s extension; raise ValueError otherwise."""
+    """Return "hdf5" or "arrow" for ``path``'s extension; raise FormatError otherwise."""
     return _lookup(path)[0]
 
 
@@ -40,7 +41,7 @@ def read_checksums(path):
 def _lookup(path):
     ext = os.path.splitext(os.fspath(path))[1].lower()
     if ext not in _FORMATS:
-        raise ValueError(
+        raise FormatError(
             f"{os.fspath(path)!r}: unknown extension {ext!r}; use .h5, .hdf5 or .arrow"
         )
     return _FORMATS[ext]

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from fastdata.errors import FormatError
+from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import (
     METADATA_KEY,
     Columns,
@@ -69,7 +69,7 @@ def read_arrow(path, check=True):
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path!r} does not exist")
+        raise NotFoundError(f"{path!r} does not exist")
     try:
         reader = pa.ipc.open_file(pa.memory_map(path, "r"))
         schema_metadata = reader.schema.metadata or {}

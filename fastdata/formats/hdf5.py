@@ -12,7 +12,7 @@ import os
 import h5py
 import numpy as np
 
-from fastdata.errors import FormatError
+from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import (
     METADATA_KEY,
     Columns,
@@ -62,7 +62,7 @@ def read_hdf5(path, check=True):
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path!r} does not exist")
+        raise NotFoundError(f"{path!r} does not exist")
     try:
         with h5py.File(path, "r") as f:
             metadata = decode_metadata(f.attrs.get(METADATA_KEY), path)

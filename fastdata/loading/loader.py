@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fastdata._cpu import usable_cpus
+from fastdata.errors import OptionError
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler
@@ -58,7 +59,9 @@ def make_loader(
     labels int64 [B])``, tokens padded with the file's pad id.
 
     Args:
-        dataset: an HDF5Dataset or ArrowDataset (or a subclass).
+        dataset: an HDF5Dataset or ArrowDataset, or any object with ``len``
+            and ``read_batch(indices, pin_memory, **options)``; its
+            ``read_options`` names the options that takes (none if absent).
         batch_size: samples per batch.
         shuffle: a new seeded permutation each epoch.
         seed: base seed of the permutations.
@@ -98,14 +101,11 @@ def make_loader(
         num_workers, prefetch_factor = _tuned_settings(dataset, prefetch_factor)
     prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
     if not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers should be a non-negative integer or 'auto', got num_workers={num_workers!r}")
+        raise OptionError(f"num_workers should be a non-negative integer or 'auto', got num_workers={num_workers!r}")
     if not isinstance(prefetch_factor, int) or prefetch_factor < 0:
-        raise ValueError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
-    if not isinstance(dataset, PackedDataset):
-        raise TypeError(
-            "dataset should be a fastdata dataset (HDF5Dataset or ArrowDataset: whole batches through read_batch), "
-            f"got {type(dataset).__name__}"
-        )
+        raise OptionError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
+    if not hasattr(dataset, "read_batch"):
+        raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
     options = _read_options(dataset, pad_to)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
@@ -115,7 +115,7 @@ def make_loader(
         sampler = _check_batch_sampler(batch_sampler, shuffle, drop_last)
     if num_workers == 0:
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                           read_options=options)
+                           options=options)
     largest = _largest_batch(sampler)
     slots = None
     if largest is not None:
@@ -136,7 +136,7 @@ def make_loader(
 def _check_batch_sampler(sampler, shuffle, drop_last):
     """Return ``sampler`` if it can be an iterable of index batches; raise TypeError or ValueError if not."""
     if shuffle or drop_last:
-        raise ValueError("batch_sampler replaces shuffle and drop_last; set those on the sampler")
+        raise OptionError("batch_sampler replaces shuffle and drop_last; set those on the sampler")
     if not isinstance(sampler, Iterable) or isinstance(sampler, (str, bytes, Mapping, np.ndarray, torch.Tensor)):
         raise TypeError(
             "batch_sampler should be an iterable of index batches, e.g. [[0, 1], [2, 3]], a BucketBatchSampler or "
@@ -166,14 +166,14 @@ class BatchLoader:
     ``packed_dataset`` is the dataset too, as on a WorkerLoader.
     """
 
-    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, read_options=None):
+    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None):
         self.dataset = self.packed_dataset = dataset
         self.sampler = sampler
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
-        self.read_options = read_options or {}
-        self._takes_threads = "threads" in dataset.read_options  # see NOTE [leave a core]
+        self.options = options or {}  # keyword options of every read_batch
+        self._takes_threads = "threads" in _option_names(dataset)  # see NOTE [leave a core]
         self._body = _LoopBody()  # see NOTE [adaptive read-ahead]
         self._next_epoch = None  # see NOTE [next epoch's first batch]
 
@@ -199,8 +199,8 @@ class BatchLoader:
             # core to the decoders: with a 5 ms sleep per step on 2 cores,
             # 64x64 JPEG lost 1.2% of the epoch decoding on both cores
             # against 10-14% with one core kept.
-            return {**self.read_options, "threads": max(1, usable_cpus() - 1)}
-        return self.read_options
+            return {**self.options, "threads": max(1, usable_cpus() - 1)}
+        return self.options
 
     def _read_ahead(self, batches, first=None):
         """Yield from ``batches``, read ahead on a thread once the consumer does real work.
@@ -398,16 +398,16 @@ def worker_pids(loader: DataLoader) -> list[int]:
 class _WholeBatches:
     """Dataset whose items are whole batches: ``self[indices] -> read_batch(indices)``."""
 
-    def __init__(self, dataset, slots=None, read_options=None):
+    def __init__(self, dataset, slots=None, options=None):
         self.dataset = dataset
         self.slots = slots
-        self.read_options = read_options or {}
+        self.options = options or {}
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, indices):
-        batch = self.dataset.read_batch(indices, **self.read_options)
+        batch = self.dataset.read_batch(indices, **self.options)
         return batch if self.slots is None else self.slots.pack(batch)
 
 
@@ -429,7 +429,12 @@ def _read_options(dataset, pad_to):
     if pad_to is None:
         return {}
     if not isinstance(pad_to, int) or isinstance(pad_to, bool) or pad_to < 1:
-        raise ValueError(f"pad_to should be a positive integer or None, got pad_to={pad_to!r}")
-    if "pad_to" not in dataset.read_options:
-        raise ValueError(f"pad_to applies to text datasets, got a {dataset.kind!r} dataset")
+        raise OptionError(f"pad_to should be a positive integer or None, got pad_to={pad_to!r}")
+    if "pad_to" not in _option_names(dataset):
+        raise OptionError(f"pad_to applies to text datasets, got a {getattr(dataset, 'kind', None)!r} dataset")
     return {"pad_to": pad_to}
+
+
+def _option_names(dataset):
+    """Return the names of the keyword options ``dataset.read_batch`` takes (none for a plain wrapper)."""
+    return getattr(dataset, "read_options", ())

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from fastdata.errors import OptionError
+
 
 class EpochSampler(abc.ABC):
     """Base of batch samplers that follow the epoch protocol (see NOTE [epoch protocol]).
@@ -65,7 +67,7 @@ class EpochSampler(abc.ABC):
 
 def _check_positive(name, value):
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} should be a positive integer, got {name}={value!r}")
+        raise OptionError(f"{name} should be a positive integer, got {name}={value!r}")
 
 
 class BatchIndexSampler(EpochSampler):
@@ -131,7 +133,7 @@ class BucketBatchSampler(EpochSampler):
         _check_positive("pool_batches", pool_batches)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1:
-            raise ValueError(f"lengths should be 1-D, got shape {self.lengths.shape}")
+            raise OptionError(f"lengths should be 1-D, got shape {self.lengths.shape}")
         super().__init__(len(self.lengths), batch_size, shuffle, seed, drop_last)
         self.pool_batches = pool_batches
 

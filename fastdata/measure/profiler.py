@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
+from fastdata.errors import OptionError
 from fastdata.loading.loader import BatchLoader, WorkerLoader
 
 WAIT_LABEL = "fastdata.wait"  # the record_function label of every wait in a torch.profiler trace
@@ -140,11 +141,11 @@ class ProfiledLoader:
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader should be an iterable of batches, got {type(loader).__name__}")
         if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
-            raise ValueError(f"max_batches should be a positive integer or None, got max_batches={max_batches!r}")
+            raise OptionError(f"max_batches should be a positive integer or None, got max_batches={max_batches!r}")
         if batch_size_of is not None and not callable(batch_size_of):
             raise TypeError(f"batch_size_of should be a function batch -> int, got {type(batch_size_of).__name__}")
         if not isinstance(starving_above, (int, float)) or not 0 < starving_above < 1:
-            raise ValueError(f"starving_above should be a fraction between 0 and 1, got {starving_above!r}")
+            raise OptionError(f"starving_above should be a fraction between 0 and 1, got {starving_above!r}")
         self.loader = loader
         self.max_batches = max_batches
         self.batch_size_of = batch_size_of or _default_batch_size
