@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fastdata.converters.tables import read_rows
-from fastdata.errors import NotFoundError, OptionError, SourceError
+from fastdata.errors import SourceError
 
 SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "lines")
 UNLABELED_FOLDER = "unsup"
@@ -50,15 +50,15 @@ class _Inputs:
 def source_format_of(src, source_format):
     """Return how to read ``src``: ``source_format`` checked against it, or detected."""
     if not os.path.exists(src):
-        raise NotFoundError(f"{src!r} does not exist")
+        raise FileNotFoundError(f"{src!r} does not exist")
     if source_format is not None:
         if source_format not in SOURCE_FORMATS:
-            raise OptionError(f"source_format should be one of {SOURCE_FORMATS}, got source_format={source_format!r}")
+            raise ValueError(f"source_format should be one of {SOURCE_FORMATS}, got source_format={source_format!r}")
     detected = "folder" if os.path.isdir(src) else _EXTENSION_FORMATS.get(os.path.splitext(src)[1].lower(), "lines")
     if source_format is None:
         return detected
     if (source_format == "folder") != (detected == "folder"):
-        raise OptionError(f"source_format={source_format!r} does not fit {src!r}, which is a "
+        raise ValueError(f"source_format={source_format!r} does not fit {src!r}, which is a "
                          f"{'folder' if detected == 'folder' else 'file'}")
     return source_format
 
@@ -123,12 +123,16 @@ def _read_folder(root, include_unsup):
 
 
 def _check_encoding(path):
+    """Raise SourceError for a file that is UTF-16/32 text or not text at all."""
     with open(path, "rb") as f:
-        start = f.read(4)
+        start = f.read(4096)
     for bom, encoding in _UTF16_32_BOMS.items():
         if start.startswith(bom):
             raise SourceError(f"{path!r} is {encoding} text (it starts with a {encoding} byte order mark); "
                               "save it as UTF-8 and convert again")
+    if start.count(0) > len(start) // 10:  # UTF-8 text has no NUL bytes, or a stray few
+        raise SourceError(f"{path!r} is not UTF-8 text: {start.count(0)} of its first {len(start)} bytes are NUL "
+                          "(UTF-16/32 text without a byte order mark, or a binary file); save it as UTF-8")
 
 
 def _numbered_lines(f):

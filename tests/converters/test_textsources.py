@@ -197,6 +197,8 @@ def test_utf16_and_utf32_files_are_a_source_error(tmp_path, name, encoding):
 
 
 @pytest.mark.parametrize("name, data, error", [
+    ("b.txt", 'text,label\n"a text",pos\n'.encode("utf-16-le"), "24 of its first 48 bytes are NUL"),  # no BOM
+    ("b.csv", b"\x89HDF\r\n\x1a\n" + bytes(100) + b"text,label\n", "100 of its first 119 bytes are NUL"),
     ("e.csv", b"", "is empty"),
     ("e.csv", b"\n\n", "is empty"),
     ("e.csv", b"text,label\n", "holds no samples"),
@@ -204,7 +206,7 @@ def test_utf16_and_utf32_files_are_a_source_error(tmp_path, name, encoding):
     ("e.txt", b"", "holds no samples"),
     ("e.csv", b"text,text,label\na,b,pos\n", "2 columns named 'text'"),
 ])
-def test_empty_files_and_ambiguous_headers(tmp_path, name, data, error):
+def test_empty_binary_files_and_ambiguous_headers(tmp_path, name, data, error):
     src = tmp_path / name
     src.write_bytes(data)
     with pytest.raises(SourceError, match=error):
