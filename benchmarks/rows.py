@@ -3,7 +3,7 @@
 import os
 import statistics
 
-from fastdata.measure.engine import ChildMemory, measure_rate, process_memory
+from fastdata.measure.engine import MemoryProbe, measure_rate, process_memory
 
 
 def measure_row(row, setup, **more):
@@ -16,12 +16,12 @@ def measure_row(row, setup, **more):
     memory] in fastdata/measure/engine.py) into ``memory``.
     """
     print(f"  {row.method} [{row.workers}] ...", end="", flush=True)
-    probe = ChildMemory()
+    probe = MemoryProbe()
     with row.build(setup, **row.options) as run_epoch:
         rate = measure_rate(probe.wrap(run_epoch) if row.memory else run_epoch, setup["repeats"],
                             min_seconds=setup["min_seconds"], expected=setup["num_samples"])
         if row.memory:
-            workers = probe.growth()["workers"]
+            workers = probe.growth(keys=("uss", "pss", "private_dirty"))["workers"]
             more["memory"] = {"workers": len(workers), "per_worker": workers, "main": process_memory(os.getpid())}
     print(f" {rate.samples_per_s:,.0f} samples/s", flush=True)
     return row.result(rate, **more)

@@ -149,18 +149,12 @@ def measure_loader(make_iterable, *, repeats=3, min_seconds=0.2, max_seconds=Non
         >>> rate = measure_loader(lambda: make_loader(dataset, 256, shuffle=True), expected=len(dataset))
     """
     loader = make_iterable()
-    snapshots = []
-
-    def run_epoch():
-        count = consume(loader)
-        if memory and not snapshots:  # the warm-up epoch is over: every worker is up
-            snapshots.append(worker_memory(loader))
-        return count
-
+    probe = MemoryProbe(lambda: worker_pids(loader), _MEMORY_KEYS)
+    run_epoch = probe.wrap(lambda: consume(loader)) if memory else lambda: consume(loader)
     try:
         rate = measure_rate(run_epoch, repeats, min_seconds=min_seconds, max_seconds=max_seconds, expected=expected)
         if memory:
-            rate.worker_memory = memory_growth(snapshots[0], worker_memory(loader))
+            rate.worker_memory = probe.growth()
     finally:
         close_loader(loader)
     return rate
@@ -294,46 +288,48 @@ def _child_pids_proc():
     return pids
 
 
-def worker_memory(loader, keys=_MEMORY_KEYS):
-    """Return ``[{"pid", "uss", "pss", "rss", "private_dirty"}]`` of each live worker of ``loader`` (bytes)."""
-    return memory_snapshot(worker_pids(loader), keys)
-
-
 def memory_snapshot(pids, keys=None):
-    """Return ``[{"pid", **process_memory(pid)}]`` for ``pids`` (only ``keys`` where given; None where unknown)."""
+    """Return ``[{"pid", **process_memory(pid)}]`` of the processes of ``pids`` that can be read (only ``keys``)."""
     snapshot = []
     for pid in pids:
-        reading = process_memory(pid) or {}
-        snapshot.append({"pid": pid, **(reading if keys is None else {key: reading.get(key) for key in keys})})
+        reading = process_memory(pid)
+        if reading is not None:  # else gone, or unreadable
+            snapshot.append({"pid": pid, **(reading if keys is None else {key: reading.get(key) for key in keys})})
     return snapshot
 
 
-class ChildMemory:
-    """Read the memory of this process's children after the warm-up epoch of ``wrap``'s function and at the end.
+class MemoryProbe:
+    """Read the memory of some processes after the warm-up epoch of ``wrap``'s function, and again at the end.
 
-    For epoch functions that hide their loader (or start processes of their
-    own): ``wrap(run_epoch)`` returns an epoch function for ``measure_rate``
-    whose first call is followed by a reading of every child process;
-    ``growth()`` reads the same processes again and compares.
+    ``wrap(run_epoch)`` returns an epoch function for ``measure_rate`` whose
+    first call (the warm-up, which starts persistent workers) is followed by
+    a reading of the processes ``pids()`` names; ``growth()`` reads the same
+    processes again and compares (see NOTE [worker memory]).
+
+    Args:
+        pids: returns the pids to read; by default this process's children
+            (for epoch functions that hide their loader, or start processes
+            of their own).
+        keys: the keys kept of each reading (all where None).
     """
 
-    def __init__(self):
+    def __init__(self, pids=None, keys=None):
+        self._find, self._keys = pids or child_pids, keys
         self._pids, self._before = [], None
 
     def wrap(self, run_epoch):
         def epoch():
             count = run_epoch()
-            if self._before is None:
-                self._pids = child_pids()
-                self._before = memory_snapshot(self._pids)
+            if self._before is None:  # the warm-up epoch is over: every worker is up
+                self._pids = self._find()
+                self._before = memory_snapshot(self._pids, self._keys)
             return count
 
         return epoch
 
-    def growth(self, keys=("uss", "pss", "private_dirty")):
-        """Return ``memory_growth`` over ``keys`` of the children still running, over the timed passes."""
-        after = [entry for entry in memory_snapshot(self._pids) if entry.get("uss") is not None]
-        return memory_growth(self._before or [], after, keys)
+    def growth(self, keys=_MEMORY_KEYS):
+        """Return ``memory_growth`` over ``keys`` of the processes still running, over the timed passes."""
+        return memory_growth(self._before or [], memory_snapshot(self._pids, self._keys), keys)
 
 
 def memory_growth(before, after, keys=_MEMORY_KEYS):

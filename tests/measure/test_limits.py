@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastdata.formats import read_packed
-from fastdata.measure.engine import ChildMemory, interleaved_rates, measure_rate, process_memory
+from fastdata.measure.engine import MemoryProbe, interleaved_rates, measure_rate, process_memory
 from fastdata.measure.limits import DecodeEpochs, copy_epochs, shuffled_batches, token_copy_epochs
 from fastdata.measure.synthetic import make_photo
 
@@ -98,7 +98,7 @@ def _hold_memory(ready, stop):
     return block
 
 
-def test_child_memory_reads_the_children_started_by_the_warm_up():
+def test_memory_probe_reads_the_children_started_by_the_warm_up():
     context = multiprocessing.get_context("fork")
     ready, stop = context.Event(), context.Event()
     child = None
@@ -111,7 +111,7 @@ def test_child_memory_reads_the_children_started_by_the_warm_up():
             ready.wait(30)
         return 1
 
-    probe = ChildMemory()
+    probe = MemoryProbe()
     try:
         epoch = probe.wrap(run_epoch)
         epoch(), epoch()
