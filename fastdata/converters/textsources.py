@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fastdata.converters.tables import read_rows
-from fastdata.errors import SourceError
+from fastdata.errors import NotFoundError, OptionError, SourceError
 
 SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "lines")
 UNLABELED_FOLDER = "unsup"
@@ -50,15 +50,15 @@ class _Inputs:
 def source_format_of(src, source_format):
     """Return how to read ``src``: ``source_format`` checked against it, or detected."""
     if not os.path.exists(src):
-        raise FileNotFoundError(f"{src!r} does not exist")
+        raise NotFoundError(f"{src!r} does not exist")
     if source_format is not None:
         if source_format not in SOURCE_FORMATS:
-            raise ValueError(f"source_format should be one of {SOURCE_FORMATS}, got source_format={source_format!r}")
+            raise OptionError(f"source_format should be one of {SOURCE_FORMATS}, got source_format={source_format!r}")
     detected = "folder" if os.path.isdir(src) else _EXTENSION_FORMATS.get(os.path.splitext(src)[1].lower(), "lines")
     if source_format is None:
         return detected
     if (source_format == "folder") != (detected == "folder"):
-        raise ValueError(f"source_format={source_format!r} does not fit {src!r}, which is a "
+        raise OptionError(f"source_format={source_format!r} does not fit {src!r}, which is a "
                          f"{'folder' if detected == 'folder' else 'file'}")
     return source_format
 
