@@ -182,6 +182,15 @@ def column_regions(path):
     return regions
 
 
+def private_copy(path, tmp_path, name="copy"):
+    """Copy a session file into ``tmp_path`` (same extension) for a test that damages or replaces it."""
+    import shutil
+
+    copy = tmp_path / f"{name}{os.path.splitext(path)[1]}"
+    shutil.copyfile(path, copy)
+    return copy
+
+
 def overwrite(path, offset, data):
     """Write ``data`` into the file at ``offset`` in place."""
     with open(path, "r+b") as f:

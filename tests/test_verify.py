@@ -1,12 +1,11 @@
 """`fastdata verify`: damage written into real converted files is found and located; good files pass."""
 
 import os
-import shutil
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from support import FORMATS, NUM_CLASSES, PER_CLASS, column_regions, downgrade_to_version1, overwrite
+from support import FORMATS, NUM_CLASSES, PER_CLASS, column_regions, downgrade_to_version1, overwrite, private_copy
 
 from fastdata import convert_imagefolder
 from fastdata.cli import main
@@ -32,12 +31,6 @@ def converted(packed_files, packed_text, fmt, kind):
 
 def converted_file(packed_files, packed_text, fmt, kind):
     return packed_text(fmt) if kind == "text" else packed_files(fmt, kind)
-
-
-def private_copy(path, tmp_path, name="copy"):
-    copy = tmp_path / f"{name}{os.path.splitext(path)[1]}"
-    shutil.copyfile(path, copy)
-    return copy
 
 
 def samples_touched(path, column, start, stop):

@@ -3,13 +3,26 @@
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import h5py
 import numpy as np
 import pytest
 import torch
-from support import NUM_CLASSES, PER_CLASS, STORED_SIZE, expected_images
+from support import (
+    NUM_CLASSES,
+    PER_CLASS,
+    STORED_SIZE,
+    column_regions,
+    downgrade_to_version1,
+    expected_images,
+    overwrite,
+    private_copy,
+)
 from torch.utils.data import DataLoader
 
 from fastdata import ArrowDataset, HDF5Dataset, open_dataset
@@ -317,3 +330,115 @@ def test_plain_torch_dataloader_with_workers(packed_files, start_method):
     labels = torch.cat([labels for _, labels in batches])
     assert torch.equal(images, expected_images)
     assert torch.equal(labels, expected_labels)
+
+
+# ---------------------------------------------------------------- damaged and changed files
+
+
+def test_a_version1_file_reads_as_before(packed, tmp_path):
+    old = downgrade_to_version1(private_copy(packed, tmp_path, "old"))
+    ds, new = open_dataset(old), open_dataset(packed)
+    assert ds.metadata["format_version"] == 1 and "checksums" not in ds.metadata
+    for a, b in zip(ds.read_batch(np.arange(NUM_SAMPLES)), new.read_batch(np.arange(NUM_SAMPLES))):
+        assert torch.equal(a, b)
+
+
+def test_a_label_outside_the_classes_is_refused_at_open(packed_files, fmt, tmp_path):
+    path = private_copy(packed_files(fmt, "raw"), tmp_path)
+    overwrite(path, column_regions(path)["labels"][0] + 5 * 8, np.int64(6772140792788799435).tobytes())
+    with pytest.raises(FormatError, match=re.escape(os.fspath(path)) + ".*sample 5 have labels outside -1..3"):
+        open_dataset(path)
+
+
+@pytest.mark.parametrize("value", [2**60, 2**40, -(2**40), -5, 3])
+def test_damaged_text_offsets_are_refused_at_open(packed_text, fmt, tmp_path, value):
+    # Before: wrong tokens, empty samples, "array is too big" or a 512 TiB MemoryError.
+    path = private_copy(packed_text(fmt), tmp_path)
+    overwrite(path, column_regions(path)["offsets"][0] + 4 * 8, np.int64(value).tobytes())
+    with pytest.raises(FormatError, match=re.escape(os.fspath(path)) + ".*offsets of (sample 3|samples 3-4) are out"):
+        ds = open_dataset(path)
+        ds.read_batch(np.arange(len(ds)))
+
+
+def test_a_damaged_last_offset_is_refused_at_open(packed_files, fmt, tmp_path):
+    path = private_copy(packed_files(fmt, "jpeg"), tmp_path)
+    overwrite(path, column_regions(path)["offsets"][0] + NUM_SAMPLES * 8, np.int64(2**50).tobytes())
+    with pytest.raises(FormatError, match=re.escape(os.fspath(path)) + f".*sample {NUM_SAMPLES - 1} "):
+        open_dataset(path)
+
+
+def reads(ds):
+    """Every public way to read a dataset."""
+    return [lambda: ds[0], lambda: ds.__getitems__([0, 1]), lambda: ds.read_batch(np.arange(3)), lambda: ds.labels]
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_a_file_replaced_after_the_dataset_was_made(packed_files, fmt, tmp_path, opened):
+    # Before: a bare IndexError/ValueError, or other data, depending on what replaced it.
+    path = private_copy(packed_files(fmt, "raw"), tmp_path)
+    ds = open_dataset(path)
+    if opened:
+        ds.read_batch(np.arange(4))
+    os.replace(private_copy(packed_files(fmt, "jpeg"), tmp_path, "other"), path)
+    for read in reads(ds):
+        with pytest.raises(FormatError, match=re.escape(os.fspath(path)) + ".* replaced by another file.*open_dataset"):
+            read()
+    assert len(open_dataset(path)[0]) == 2  # opened again, it reads the new file
+
+
+def test_a_file_touched_or_resized_after_the_dataset_was_made(packed_files, fmt, tmp_path):
+    path = private_copy(packed_files(fmt, "raw"), tmp_path)
+    ds = open_dataset(path)
+    ds[0]
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    with pytest.raises(FormatError, match="was modified after this dataset was opened"):
+        ds[0]
+    with open(path, "ab") as f:
+        f.write(b"more")
+    with pytest.raises(FormatError, match=f"changed size from {stat.st_size} to {stat.st_size + 4} bytes"):
+        ds.read_batch(np.arange(2))
+    os.remove(path)
+    with pytest.raises(FormatError, match="was deleted"):
+        ds.read_batch(np.arange(2))
+
+
+def test_workers_refuse_a_file_replaced_before_they_open_it(packed_files, tmp_path):
+    path = private_copy(packed_files("arrow", "raw"), tmp_path)
+    ds = ArrowDataset(path)
+    ds.read_batch(np.arange(2))  # the parent's map still holds the old file...
+    os.replace(private_copy(packed_files("arrow", "jpeg"), tmp_path, "other"), path)
+    loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context="fork")
+    with pytest.raises(FormatError, match="replaced by another file"):  # ...the workers would map the new one
+        list(loader)
+    with pytest.raises(FormatError, match="replaced by another file"):  # as a spawned worker gets it
+        pickle.loads(pickle.dumps(ds))[0]
+
+
+TRUNCATE_UNDER_A_READER = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from fastdata import FormatError, open_dataset
+
+    for path in sys.argv[1:]:
+        ds = open_dataset(path)
+        ds.read_batch(np.arange(len(ds)))  # the file is mapped and read
+        os.truncate(path, os.path.getsize(path) // 2)
+        for read in (lambda: ds.read_batch(np.arange(len(ds))), lambda: ds[len(ds) - 1]):
+            try:
+                read()
+            except FormatError as exc:
+                print("FormatError:", exc)
+            else:
+                sys.exit(f"read the truncated {path} without an error")
+""")
+
+
+def test_a_file_truncated_under_a_reader_raises_instead_of_sigbus(packed_files, tmp_path):
+    # Before: touching the mapped pages past the new end killed the process with SIGBUS.
+    paths = [os.fspath(private_copy(packed_files(fmt, storage), tmp_path, f"{fmt}-{storage}"))
+             for fmt in ("hdf5", "arrow") for storage in ("raw", "jpeg")]
+    done = subprocess.run([sys.executable, "-c", TRUNCATE_UNDER_A_READER, *paths],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    assert done.stdout.count("FormatError:") == 2 * len(paths) and "changed size from" in done.stdout
