@@ -174,7 +174,7 @@ def _read_jsonl(path, text_field, label_field):
                     reason = f"invalid JSON: {exc}"
                 else:
                     if not isinstance(record, dict):
-                        record, reason = None, f"expected a JSON object, got {type(record).__name__}"
+                        record, reason = None, f"expected a JSON object, got {_json_type(record)}"
             text, label, reason = _fields(record, text_field, label_field, reason)
             inputs.add(f"{name}:{number}", text, label, reason)
     return _non_empty(inputs, path)
@@ -222,7 +222,7 @@ def _decode_line(raw, first):
     if first and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark
         raw = raw[3:]
     try:
-        return raw.decode("utf-8").rstrip("\r\n"), None
+        return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
         return None, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"
 
