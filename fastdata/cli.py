@@ -130,12 +130,13 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
 
 @main.command()
 @click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--all", "all_skipped", is_flag=True, help="List every skipped input, not only the first 10.")
 @_reports_errors
-def info(path):
+def info(path, all_skipped):
     """Describe the packed file PATH: samples, classes, shape, statistics, skipped inputs."""
     from fastdata.info import describe
 
-    click.echo(describe(path))
+    click.echo(describe(path, all_skipped=all_skipped))
 
 
 @main.command("bench")

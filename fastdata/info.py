@@ -1,4 +1,8 @@
-"""Describe a packed file for people: what `fastdata info` prints."""
+"""Describe a packed file for people: what `fastdata info` prints.
+
+Paths and names are printed escaped (``repr``), so a newline or a control
+character in a file name can never split or fake a line.
+"""
 
 import os
 
@@ -7,12 +11,15 @@ from fastdata.formats import format_of, read_packed
 _SHOWN_SKIPS = 10
 
 
-def describe(path):
-    """Return a multi-line, human-readable description of the packed file at ``path``."""
+def describe(path, all_skipped=False):
+    """Return a multi-line, human-readable description of the packed file at ``path``.
+
+    Lists the first skipped inputs, or every one with ``all_skipped``.
+    """
     columns, metadata = read_packed(path)
     size = os.path.getsize(path)
     lines = [
-        f"file:        {os.fspath(path)} ({format_of(path)}, format version {metadata['format_version']})",
+        f"file:        {os.fspath(path)!r} ({format_of(path)}, format version {metadata['format_version']})",
         f"size:        {_human_bytes(size)}",
         f"kind:        {metadata['kind']}",
         f"samples:     {metadata['num_samples']}",
@@ -26,18 +33,23 @@ def describe(path):
         lines += _text_lines(metadata)
     lines.append(f"classes:     {len(metadata.get('classes', []))}")
     for name, count in zip(metadata.get("classes", []), metadata.get("class_counts", [])):
-        lines.append(f"  {count:>8}  {name}")
+        lines.append(f"  {count:>8}  {_printable(name)}")
     settings = metadata.get("preprocessing", {})
     lines.append("preprocessing: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     lines.append(f"source:      {metadata.get('source', {})}")
     skipped = metadata.get("skipped", [])
     lines.append(f"skipped:     {len(skipped)}")
-    for item in skipped[:_SHOWN_SKIPS]:
-        lines.append(f"  {item['path']}: {item['reason']}")
-    if len(skipped) > _SHOWN_SKIPS:
-        lines.append(f"  ... and {len(skipped) - _SHOWN_SKIPS} more")
+    shown = skipped if all_skipped else skipped[:_SHOWN_SKIPS]
+    lines += [f"  {item['path']!r}: {_printable(item['reason'])}" for item in shown]
+    if len(shown) < len(skipped):
+        lines.append(f"  ... and {len(skipped) - len(shown)} more (fastdata info --all lists them all)")
     del columns
     return "\n".join(lines)
+
+
+def _printable(text):
+    """Return ``text`` as it is when it prints on one line, else escaped (``repr``)."""
+    return text if text.isprintable() else repr(text)
 
 
 def _text_lines(metadata):

@@ -285,7 +285,7 @@ def test_every_error_a_user_can_make_is_one_line_from_a_fastdata_error(user_inpu
 
 
 def test_an_error_that_is_not_a_fastdata_error_is_a_bug_and_shows_its_traceback(packed, monkeypatch):
-    def broken(path):
+    def broken(path, all_skipped=False):
         raise ValueError("a bug in describe")
 
     monkeypatch.setattr("fastdata.info.describe", broken)

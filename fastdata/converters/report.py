@@ -41,7 +41,7 @@ class ConversionReport:
         if len(self.skipped) > _SHOWN_SKIPS:
             lines.append(
                 f"  ... and {len(self.skipped) - _SHOWN_SKIPS} more "
-                f"(all listed by: fastdata info {self.path})"
+                f"(all listed by: fastdata info --all {self.path})"
             )
         return "\n".join(lines)
 
