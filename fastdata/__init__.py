@@ -4,29 +4,32 @@ import importlib
 
 __version__ = "0.1.0"
 
-# Public name -> module. Loaded on first use so that converter worker
-# processes (see NOTE [worker start]) never pay for importing torch.
+# Public name -> module: the API the README documents, the results it
+# returns and the errors it raises. Loaded on first use so that converter
+# worker processes (see NOTE [worker start]) never pay for importing torch.
+# The measuring engine (bench, tune) is used through its commands and lives
+# in fastdata.measure.
 _EXPORTS = {
     "ArrowDataset": "fastdata.loading.datasets",
+    "BatchIndexSampler": "fastdata.loading.samplers",
     "BucketBatchSampler": "fastdata.loading.samplers",
     "ConversionReport": "fastdata.converters",
     "FastdataError": "fastdata.errors",
     "FormatError": "fastdata.errors",
     "HDF5Dataset": "fastdata.loading.datasets",
     "MissingDependencyError": "fastdata.errors",
+    "NotFoundError": "fastdata.errors",
+    "OptionError": "fastdata.errors",
+    "OutputExistsError": "fastdata.errors",
     "ProfileReport": "fastdata.measure.profiler",
-    "ProfiledLoader": "fastdata.measure.profiler",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
     "Tokenizer": "fastdata.codecs.tokenizers",
-    "benchmark": "fastdata.measure.bench",
     "convert_imagefolder": "fastdata.converters",
     "convert_text": "fastdata.converters",
     "make_loader": "fastdata.loading.loader",
-    "measure_loader": "fastdata.measure.engine",
     "open_dataset": "fastdata.loading.datasets",
     "profile": "fastdata.measure.profiler",
-    "tune_loader": "fastdata.measure.tune",
 }
 __all__ = sorted(_EXPORTS)
 

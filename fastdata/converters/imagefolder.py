@@ -158,23 +158,23 @@ def _inode(folder):
 
 
 def convert_imagefolder(
-    root,
-    out,
+    src: str | os.PathLike,
+    out: str | os.PathLike,
     *,
-    size=64,
-    resize="crop",
-    resample="bilinear",
-    storage="raw",
-    quality=90,
-    workers=None,
-    on_error="skip",
-    overwrite=False,
-    progress=True,
-):
+    size: int | tuple[int, int] = 64,
+    resize: str = "crop",
+    resample: str = "bilinear",
+    storage: str = "raw",
+    quality: int = 90,
+    workers: int | None = None,
+    on_error: str = "skip",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ConversionReport:
     """Preprocess an image folder once into a packed ``.h5`` or ``.arrow`` file.
 
     Args:
-        root: ImageFolder tree (``root/<class>/<image>``).
+        src: ImageFolder tree (``src/<class>/<image>``).
         out: output path; its extension picks the format.
         size: stored size, an int (square) or ``(height, width)``.
         resize: "crop", "pad" or "stretch" (see ImageSpec).
@@ -200,13 +200,13 @@ def convert_imagefolder(
     check_choice("on_error", on_error, ON_ERROR)
     if not 1 <= quality <= 100:
         raise OptionError(f"quality should be in 1..100, got quality={quality}")
-    found = _scan_images(root)
+    found = _scan_images(src)
     classes, paths, labels = found.classes, found.paths, found.labels
     unreadable = _apply_on_error_to_folders(found.unreadable, on_error)
     with staged_output(out, overwrite) as (staging, staged_path):
         sink = _RawSink(staging, len(paths), spec) if storage == "raw" else _JpegSink(staging)
         prepare = partial(_prepare_image, spec=spec, storage=storage, quality=quality, rows=sink.rows)
-        tasks = [(index, os.path.join(root, path)) for index, path in enumerate(paths)]
+        tasks = [(index, os.path.join(src, path)) for index, path in enumerate(paths)]
         # Decode, preprocess and encode every image, in input order.
         kept, skipped, stats = [], list(unreadable), _PixelStats()
         try:
@@ -225,7 +225,7 @@ def convert_imagefolder(
         # Check every class kept an image, then write labels and metadata.
         kept_labels = labels[kept]
         class_counts = np.bincount(kept_labels, minlength=len(classes))
-        _check_classes_kept(classes, class_counts, root, skipped)
+        _check_classes_kept(classes, class_counts, src, skipped)
         metadata = {
             "kind": "image",
             "storage": storage,
@@ -241,7 +241,7 @@ def convert_imagefolder(
                 "exif_transpose": True,
                 "jpeg_draft": True,
             },
-            "source": {"root": os.path.abspath(root), "num_inputs": len(paths), "ignored": found.ignored},
+            "source": {"root": os.path.abspath(src), "num_inputs": len(paths), "ignored": found.ignored},
             "skipped": [{"path": path, "reason": reason} for path, reason in skipped],
         }
         write_packed(staged_path, sink.columns(kept_labels), metadata)

@@ -45,25 +45,25 @@ __all__ = ["SOURCE_FORMATS", "UNLABELED_FOLDER", "convert_text", "find_texts"]
 
 
 def convert_text(
-    src,
-    out,
+    src: str | os.PathLike,
+    out: str | os.PathLike,
     *,
-    tokenizer="words",
-    vocab=None,
-    min_freq=1,
-    max_vocab=None,
-    max_length=None,
-    lowercase=None,
-    strip_html=None,
-    source_format=None,
-    text_field="text",
-    label_field="label",
-    include_unsup=False,
-    workers=None,
-    on_error="skip",
-    overwrite=False,
-    progress=True,
-):
+    tokenizer: str | os.PathLike | Tokenizer = "words",
+    vocab: str | os.PathLike | None = None,
+    min_freq: int = 1,
+    max_vocab: int | None = None,
+    max_length: int | None = None,
+    lowercase: bool | None = None,
+    strip_html: bool | None = None,
+    source_format: str | None = None,
+    text_field: str = "text",
+    label_field: str | None = "label",
+    include_unsup: bool = False,
+    workers: int | None = None,
+    on_error: str = "skip",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ConversionReport:
     """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file.
 
     Args:

@@ -13,8 +13,9 @@ input pipeline would make it faster, a faster model would not.
 import sys
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,8 +85,9 @@ class ProfileReport:
                 f"first batch {self.first_batch_seconds:.2f}s) -> {verdict}")
 
 
-def profile(loader, *, max_batches=None, batch_size_of=None, cuda_sync=False, starving_above=STARVING_ABOVE,
-            print_report=False):
+def profile(loader: Iterable, *, max_batches: int | None = None, batch_size_of: Callable[[Any], int] | None = None,
+            cuda_sync: bool = False, starving_above: float = STARVING_ABOVE,
+            print_report: bool = False) -> "ProfiledLoader":
     """Wrap ``loader`` to measure how long the training loop waits for its batches.
 
     Iterating the wrapper yields exactly the loader's batches. Each wait is

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fastdata
-from fastdata import HDF5Dataset, ProfiledLoader, ProfileReport, convert_imagefolder, make_loader
-from fastdata.measure.profiler import WAIT_LABEL
+from fastdata import HDF5Dataset, ProfileReport, convert_imagefolder, make_loader
+from fastdata.measure.profiler import WAIT_LABEL, ProfiledLoader
 from fastdata.measure.synthetic import make_imagefolder
 
 WAIT = 0.02  # seconds the fake loader sleeps before each batch
