@@ -15,7 +15,7 @@ from fastdata.codecs.tokenizers import Tokenizer
 from fastdata.converters import find_images, find_texts
 from fastdata.measure.baselines import PadCollate, RawFolderDataset, RawTextDataset
 from fastdata.measure.bench import bench_file, format_results, results_table
-from fastdata.measure.engine import consume, measure_loader, measure_rate, memory_growth, process_memory
+from fastdata.measure.engine import consume, measure_loader, measure_rate, memory_growth, process_memory, worker_pids
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
 QUICK = {"repeats": 1, "min_seconds": 0.01}
@@ -133,7 +133,7 @@ def test_worker_memory_is_recorded_and_workers_stop(images):
     rate = measure_loader(build, memory=True, expected=len(dataset), **QUICK)
     (worker,) = rate.worker_memory["workers"]
     assert worker["uss"] > 0 and "uss_growth" in worker
-    assert made[0]._iterator is None  # persistent workers were shut down
+    assert worker_pids(made[0]) == []  # persistent workers were shut down
 
 
 # ---------------------------------------------------------------- baselines
