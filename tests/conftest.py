@@ -36,9 +36,14 @@ def restore_sigterm():
 
 @pytest.fixture(scope="session")
 def source_root(tmp_path_factory):
-    """A clean ImageFolder tree: 4 classes x 6 photo-like 120x90 JPEGs (read-only)."""
+    """A clean ImageFolder tree: 4 classes x 6 photo-like images (read-only).
+
+    Sizes 29 to 333 px on a side, aspect ratios 1:4 to 4:1; ``img_0000{0,2,3,5}``
+    are JPEGs (RGB, CMYK, L), ``img_0000{1,4}`` PNG (RGBA, 16-bit, P), BMP,
+    TIFF (CMYK, L), GIF and WebP: see make_imagefolder(vary=True).
+    """
     root = tmp_path_factory.mktemp("source") / "photos"
-    make_imagefolder(root, NUM_CLASSES, PER_CLASS, size=SOURCE_SIZE, seed=0)
+    make_imagefolder(root, NUM_CLASSES, PER_CLASS, size=SOURCE_SIZE, seed=0, vary=True)
     return root
 
 

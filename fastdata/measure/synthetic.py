@@ -32,16 +32,67 @@ def make_photo(rng, width=500, height=375):
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
 
 
-def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0, quality=90):
-    """Write an ImageFolder tree of JPEGs ``root/class_k/img_j.jpg``; return ``root``."""
+# (extension, mode) of make_imagefolder(vary=True): two in three images are JPEGs, as in real photo folders.
+_JPEG_KINDS = ((".jpg", "RGB"), (".jpg", "L"), (".jpg", "RGB"), (".jpg", "CMYK"))
+_OTHER_KINDS = (
+    (".png", "RGBA"),
+    (".png", "I;16"),
+    (".bmp", "RGB"),
+    (".tiff", "CMYK"),
+    (".gif", "P"),
+    (".webp", "RGB"),
+    (".png", "P"),
+    (".tiff", "L"),
+)
+
+
+def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0, quality=90, vary=False):
+    """Write an ImageFolder tree ``root/class_k/img_j.<ext>``; return ``root``.
+
+    Every image is a ``size`` (width, height) RGB JPEG, or with ``vary``
+    images of varied sizes (a quarter to four times ``size``'s area) and
+    aspect ratios (1:4 to 4:1): index j of each class is a JPEG (RGB, L or
+    CMYK) unless j % 3 == 1, which cycles through PNG (RGBA, 16-bit, P), BMP,
+    TIFF (CMYK, L), GIF and WebP.
+    """
     rng = np.random.default_rng(seed)
+    others = 0
     for label in range(num_classes):
         folder = os.path.join(root, f"class_{label}")
         os.makedirs(folder, exist_ok=True)
         for index in range(per_class):
-            path = os.path.join(folder, f"img_{index:05d}.jpg")
-            make_photo(rng, *size).save(path, "JPEG", quality=quality)
+            if not vary:
+                make_photo(rng, *size).save(os.path.join(folder, f"img_{index:05d}.jpg"), "JPEG", quality=quality)
+                continue
+            if index % 3 == 1:
+                ext, mode = _OTHER_KINDS[others % len(_OTHER_KINDS)]
+                others += 1
+            else:
+                ext, mode = _JPEG_KINDS[index % len(_JPEG_KINDS)]
+            img = _in_mode(make_photo(rng, *_varied_size(rng, size)), mode)
+            img.save(os.path.join(folder, f"img_{index:05d}{ext}"), **({"quality": quality} if ext == ".jpg" else {}))
     return os.fspath(root)
+
+
+def _varied_size(rng, size):
+    """Return a ``(width, height)`` of 1/4 to 4x the area of ``size``, aspect ratio 1:4 to 4:1."""
+    area = size[0] * size[1] * 4 ** rng.uniform(-1, 1)
+    ratio = 4 ** rng.uniform(-1, 1)
+    return max(1, round((area * ratio) ** 0.5)), max(1, round((area / ratio) ** 0.5))
+
+
+def _in_mode(img, mode):
+    """Return the RGB ``img`` in ``mode``; "P" gets a transparent palette entry, "RGBA" a soft alpha."""
+    if mode == "I;16":
+        return Image.fromarray(np.asarray(img.convert("L"), np.uint16) * 257)
+    if mode == "P":
+        img = img.quantize(64)
+        img.info["transparency"] = 0
+        return img
+    if mode == "RGBA":
+        alpha = np.linspace(64, 255, img.width, dtype=np.uint8)[None].repeat(img.height, 0)
+        return Image.fromarray(np.dstack([np.asarray(img), alpha]), "RGBA")
+    return img.convert(mode)
 
 
 _FUNCTION_WORDS = (

@@ -60,6 +60,19 @@ def test_round_trip_gives_back_load_image_pixels_and_labels(source_root, packed,
     assert metadata["skipped"] == []
 
 
+def test_source_fixture_varies_formats_modes_and_sizes(source_root):
+    _, relpaths, _ = find_images(source_root)
+    kinds, sizes = set(), set()
+    for relpath in relpaths:
+        with Image.open(source_root / relpath) as img:
+            kinds.add((img.format, img.mode))
+            sizes.add(img.size)
+    assert {"JPEG", "PNG", "BMP", "TIFF", "GIF", "WEBP"} <= {fmt for fmt, _ in kinds}
+    assert {"RGB", "L", "P", "RGBA", "CMYK", "I;16"} <= {mode for _, mode in kinds}
+    assert len(sizes) == NUM_SAMPLES
+    assert min(w / h for w, h in sizes) < 0.5 and max(w / h for w, h in sizes) > 2
+
+
 def test_jpeg_storage_holds_the_reencoded_bytes(source_root, packed_files):
     from fastdata.codecs.images import encode_jpeg, load_image
 
@@ -449,6 +462,38 @@ def test_sockets_and_devices_named_like_images_are_skipped_with_their_kind(sourc
         (os.path.join("class_1", "null.jpg"), "OSError: not a regular file but a character device; left unopened"),
         (os.path.join("class_1", "socket.png"), "OSError: not a regular file but a socket; left unopened"),
     ]
+
+
+# ---------------------------------------------------------------- any size
+
+
+@pytest.fixture(scope="module")
+def random_sizes_root(tmp_path_factory):
+    """240 smooth images in 3 classes: 1 to 1200 px on a side, aspect ratios 1:20 to 20:1, JPEG and PNG.
+
+    One in three has a side of exactly 32, 64 or 224 px, the stored sizes the
+    test converts to (the case a float crop box once got wrong).
+    """
+    rng = np.random.default_rng(7)
+    root = tmp_path_factory.mktemp("sizes") / "random"
+    for index in range(240):
+        long_side = int(rng.integers(1, 1201))
+        short_side = max(1, round(long_side / rng.uniform(1, 20)))
+        size = [long_side, short_side][:: 1 if rng.random() < 0.5 else -1]
+        if index % 3 == 0:
+            size[int(rng.integers(0, 2))] = int(rng.choice([32, 64, 224]))
+        folder = root / f"class_{index % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        field = rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)
+        img = Image.fromarray(field, "RGB").resize(tuple(size), Image.Resampling.BILINEAR)
+        img.save(folder / f"{index:03d}{'.jpg' if index % 4 else '.png'}")
+    return root
+
+
+@pytest.mark.parametrize("size", [32, 64, 224])
+def test_images_of_any_size_convert_with_none_skipped(random_sizes_root, tmp_path, size):
+    report = convert(random_sizes_root, tmp_path / "out.h5", size=size)
+    assert report.skipped == [] and report.num_samples == 240
 
 
 # ---------------------------------------------------------------- determinism
