@@ -8,6 +8,10 @@ import traceback
 
 import click
 
+# The choices of the options are the library's own constants. Importing
+# them loads the converters (h5py, pyarrow, Pillow): `fastdata --help` starts
+# in ~0.7 s instead of ~0.1 s (python -X importtime, 2 cores); every other
+# command loads most of them anyway.
 from fastdata.codecs.images import RESAMPLE_FILTERS, RESIZE_MODES
 from fastdata.converters.imagefolder import STORAGE_MODES
 from fastdata.converters.report import ON_ERROR
