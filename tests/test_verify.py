@@ -5,12 +5,14 @@ import os
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import assume, given
+from hypothesis import strategies as st
 from support import FORMATS, NUM_CLASSES, PER_CLASS, column_regions, downgrade_to_version1, overwrite, private_copy
 
 from fastdata import convert_imagefolder
 from fastdata.cli import main
-from fastdata.formats import layout, read_packed
-from fastdata.verify import verify
+from fastdata.formats import Columns, layout, read_packed
+from fastdata.verify import _samples_in, verify
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 KINDS = ["raw", "jpeg", "text"]
@@ -126,6 +128,26 @@ def test_damage_is_located_to_the_samples_of_one_chunk(source_root, tmp_path, mo
         damaged = report.damaged_samples.tolist()
         assert (damaged == [7]) if storage == "raw" else (9 in damaged and len(damaged) <= 3), str(report)
         assert "sample" in report.problems[0].message
+
+
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=30), st.sampled_from([1, 2, 4]), st.data())
+def test_a_damaged_byte_range_maps_to_every_sample_it_touches(lengths, itemsize, data):
+    n, offsets = len(lengths), np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    ragged = Columns(np.zeros(offsets[-1], f"u{itemsize}"), np.zeros(n, np.int64), offsets)
+    fixed = Columns(np.zeros((n, 3, itemsize), np.uint8), np.zeros(n, np.int64))
+    for name, columns, spans in [
+        ("samples", ragged, [(offsets[i] * itemsize, offsets[i + 1] * itemsize) for i in range(n)]),
+        ("samples", fixed, [(i * 3 * itemsize, (i + 1) * 3 * itemsize) for i in range(n)]),
+        ("labels", ragged, [(8 * i, 8 * i + 8) for i in range(n)]),
+        ("offsets", ragged, [(8 * i, 8 * i + 16) for i in range(n)]),  # sample i reads offsets i and i + 1
+    ]:
+        nbytes = getattr(columns, name).nbytes
+        assume(nbytes > 0)
+        start = data.draw(st.integers(0, nbytes - 1))
+        stop = data.draw(st.integers(start + 1, nbytes))
+        touched = {i for i, (lo, hi) in enumerate(spans) if lo < stop and hi > start}
+        empty = {i for i, (lo, hi) in enumerate(spans) if lo == hi}
+        assert touched <= set(_samples_in(name, start, stop, columns).tolist()) <= touched | empty, name
 
 
 def test_a_label_outside_the_classes_is_named(packed_files, fmt, tmp_path):

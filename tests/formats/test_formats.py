@@ -9,10 +9,11 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pytest
+from support import column_regions, downgrade_to_version1, overwrite, private_copy
 
 from fastdata import ArrowDataset, FormatError, HDF5Dataset, open_dataset
-from fastdata.formats import FORMAT_VERSION, Columns, format_of, read_packed, write_packed
-from fastdata.formats.layout import METADATA_KEY
+from fastdata.formats import FORMAT_VERSION, Columns, format_of, read_checksums, read_packed, write_packed
+from fastdata.formats.layout import CHECKSUM_CHUNK_BYTES, METADATA_KEY, chunk_checksums
 
 
 def mapped_files(address):
@@ -192,6 +193,64 @@ class FormatContract:
         assert np.array_equal(got.samples, columns.samples)
         assert np.array_equal(got.labels, columns.labels)
         assert np.array_equal(got.offsets, columns.offsets)
+
+    def test_version1_files_still_read(self, path, jpeg_path, tmp_path):
+        for source in (path, jpeg_path):
+            old = downgrade_to_version1(private_copy(source, tmp_path, "old"))
+            (columns, metadata), (new_columns, new_metadata) = read_packed(old), read_packed(source)
+            assert metadata["format_version"] == 1 and "checksums" not in metadata and read_checksums(old) == {}
+            for name in ("samples", "labels", "offsets"):
+                assert np.array_equal(getattr(columns, name), getattr(new_columns, name)), name
+            assert {**metadata, "format_version": 2, "checksums": new_metadata["checksums"]} == new_metadata
+
+    def test_checksums_cover_every_chunk_of_every_column(self, tmp_path):
+        lengths = np.random.default_rng(1).integers(0, 4000, 300)
+        columns = Columns(
+            np.random.default_rng(2).integers(0, 2**16, lengths.sum(), dtype=np.uint16),
+            np.arange(300, dtype=np.int64) % 7,
+            np.concatenate([[0], np.cumsum(lengths)]),
+        )
+        assert columns.samples.nbytes > 2 * CHECKSUM_CHUNK_BYTES
+        path = tmp_path / f"ragged{self.ext}"
+        metadata = {"kind": "test", "num_samples": 300, "sample_shape": None, "sample_dtype": "uint16"}
+        write_packed(path, columns, metadata)
+        _, metadata = read_packed(path)
+        assert metadata["checksums"] == {"algorithm": "crc32", "chunk_bytes": CHECKSUM_CHUNK_BYTES}
+        stored = read_checksums(path)
+        for name in ("samples", "labels", "offsets"):
+            assert np.array_equal(stored[name], chunk_checksums(getattr(columns, name), CHECKSUM_CHUNK_BYTES)), name
+        assert len(stored["samples"]) == -(-columns.samples.nbytes // CHECKSUM_CHUNK_BYTES)
+
+    def test_the_writer_sets_version_and_checksums_whatever_the_metadata_says(self, path, tmp_path):
+        # benchmarks rewrite files with the metadata they read: stale checksums must not survive
+        columns, metadata = read_packed(path)
+        copy = tmp_path / f"fewer{self.ext}"
+        fewer = Columns(np.asarray(columns.samples[:5]), np.asarray(columns.labels[:5]))
+        stale = {**metadata, "num_samples": 5, "format_version": 1, "checksums": {"algorithm": "md5"}}
+        write_packed(copy, fewer, stale)
+        _, written = read_packed(copy)
+        assert written["format_version"] == FORMAT_VERSION and written["checksums"]["algorithm"] == "crc32"
+        assert np.array_equal(read_checksums(copy)["labels"], chunk_checksums(fewer.labels, CHECKSUM_CHUNK_BYTES))
+
+    def test_labels_outside_the_classes_are_refused_naming_the_sample(self, path, tmp_path):
+        bad = private_copy(path, tmp_path, "bad")
+        overwrite(bad, column_regions(bad)["labels"][0] + 3 * 8, np.int64(-2).tobytes())
+        for opener in self.open_all(bad):
+            with pytest.raises(FormatError, match=re.escape(os.fspath(bad)) + ".*labels outside -1..3 at sample 3 "):
+                opener()
+        assert read_packed(bad, check=False)[0].labels[3] == -2  # verify reads it to report it
+
+    @pytest.mark.parametrize("entry, value", [(0, 1), (5, -1), (5, 2**62), ("last", 1)])
+    def test_offsets_out_of_order_or_bounds_are_refused(self, jpeg_path, tmp_path, entry, value):
+        bad = private_copy(jpeg_path, tmp_path, "bad")
+        offset, nbytes = column_regions(bad)["offsets"]
+        where = nbytes - 8 if entry == "last" else entry * 8
+        if entry == "last":
+            value += int(read_packed(bad)[0].offsets[-1])
+        overwrite(bad, offset + where, np.int64(value).tobytes())
+        for opener in self.open_all(bad):
+            with pytest.raises(FormatError, match=re.escape(os.fspath(bad)) + ".*offsets of samples? .*out of order"):
+                opener()
 
     def test_empty_columns_round_trip(self, tmp_path):
         path = tmp_path / f"empty{self.ext}"
