@@ -15,6 +15,7 @@ from fastdata.formats.layout import (
     chunk_checksums,
     format_samples,
     label_bounds,
+    longest_sample,
     sample_ranges,
     stored_columns,
 )
@@ -99,7 +100,7 @@ def verify(path, quick=False):
         return report
     report.format_version, report.num_samples = metadata["format_version"], metadata["num_samples"]
     report.checked.append("structure")
-    offsets_ok = _check_offsets(report, columns) if not quick else True
+    offsets_ok = _check_offsets(report, columns, metadata) if not quick else True
     _check_checksums(report, columns, metadata, stored, offsets_ok)
     if not quick:
         _check_labels(report, columns, metadata)
@@ -167,14 +168,16 @@ def _count(number, noun):
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
-def _check_offsets(report, columns):
+def _check_offsets(report, columns, metadata):
     """Check that every sample's offsets are a range of the stored values; return True when they are."""
     if not columns.ragged:
         return True
     report.checked.append("offsets")
-    bad = bad_offset_samples(columns.offsets, len(columns.samples))
+    longest = longest_sample(metadata)
+    bad = bad_offset_samples(columns.offsets, len(columns.samples), longest)
     if len(bad):
-        report.problems.append(Problem("offsets", f"{format_samples(bad)}: out of order or out of bounds", bad))
+        beyond = "" if longest is None else f" or longer than the longest stored sample ({longest})"
+        report.problems.append(Problem("offsets", f"{format_samples(bad)}: out of order, out of bounds{beyond}", bad))
     return not len(bad)
 
 

@@ -1,6 +1,9 @@
 """`fastdata verify`: damage written into real converted files is found and located; good files pass."""
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from support import FORMATS, NUM_CLASSES, PER_CLASS, column_regions, downgrade_to_version1, overwrite, private_copy
 
-from fastdata import convert_imagefolder
+from fastdata import FormatError, convert_imagefolder, open_dataset
 from fastdata.cli import main
 from fastdata.formats import Columns, layout, read_packed
 from fastdata.verify import _samples_in, verify
@@ -193,6 +196,23 @@ def test_damaged_offsets_are_named_without_allocating(packed_text, fmt, tmp_path
     assert len(offsets) == 1 and offsets[0].samples.tolist() == [3, 4], str(report)
 
 
+def test_offsets_that_merge_samples_past_the_longest_are_named(packed_text, fmt, tmp_path):
+    # In order and in bounds, but sample i now runs over its neighbour: longer than any stored sample.
+    path = private_copy(packed_text(fmt), tmp_path)
+    columns, _ = read_packed(path)
+    longest = int(np.argmax(np.diff(columns.offsets)))
+    longest = longest if longest + 2 < len(columns.offsets) else longest - 1
+    end = int(columns.offsets[longest + 2])
+    del columns
+    overwrite(path, column_regions(path)["offsets"][0] + (longest + 1) * 8, np.int64(end).tobytes())
+    report = verify(path)
+    offsets = [problem for problem in report.problems if problem.check == "offsets"]
+    assert len(offsets) == 1 and longest in offsets[0].samples.tolist(), str(report)
+    assert "longer than the longest stored sample" in offsets[0].message
+    with pytest.raises(FormatError, match="longer than the longest sample stored"):
+        open_dataset(path)
+
+
 def test_a_truncated_file_is_a_structure_problem(packed_files, fmt, tmp_path):
     path = tmp_path / f"cut{FORMATS[fmt]}"
     data = packed_files(fmt, "jpeg").read_bytes()
@@ -253,3 +273,9 @@ def test_cli_verify_of_a_missing_file_is_one_error_line(tmp_path):
     assert result.exit_code == 1
     assert result.output.startswith("Error: ") and "missing.arrow" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_verify_never_imports_torch_or_the_loading_layer():
+    code = "import json, sys, fastdata.verify; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert not [name for name in loaded if name.split(".")[0] == "torch" or name.startswith("fastdata.loading")]

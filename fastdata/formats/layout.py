@@ -144,10 +144,11 @@ def check_values(columns, metadata, path):
     `fastdata verify` also checks the bytes themselves.
     """
     if columns.ragged:
-        bad = bad_offset_samples(columns.offsets, len(columns.samples))
+        bad = bad_offset_samples(columns.offsets, len(columns.samples), longest_sample(metadata))
         if len(bad):
             raise FormatError(
-                f"{path!r} is damaged: the offsets of {format_samples(bad)} are out of order or out of bounds. "
+                f"{path!r} is damaged: the offsets of {format_samples(bad)} are out of order or out of bounds "
+                "(or longer than the longest sample stored). "
                 f'Run "fastdata verify" on it for details, and re-run "fastdata convert".'
             )
     bad = bad_label_samples(columns.labels, metadata)
@@ -162,8 +163,16 @@ def check_values(columns, metadata, path):
 _SCAN = 1 << 20  # entries per numpy pass of the value checks: bounded temporaries on huge files
 
 
-def bad_offset_samples(offsets, num_values):
-    """Return int64 indices of the samples whose ``offsets[i]:offsets[i + 1]`` is not a range of the values."""
+def longest_sample(metadata):
+    """Return the longest stored sample the metadata records (text files), or None."""
+    return metadata.get("lengths", {}).get("max")
+
+
+def bad_offset_samples(offsets, num_values, max_length=None):
+    """Return int64 indices of the samples whose ``offsets[i]:offsets[i + 1]`` is not a range of the values.
+
+    With ``max_length``, samples longer than that are reported too.
+    """
     n = len(offsets) - 1
     if n < 1:
         return np.empty(0, np.int64)
@@ -171,7 +180,10 @@ def bad_offset_samples(offsets, num_values):
     for start in range(0, n, _SCAN):
         part = np.asarray(offsets[start : start + _SCAN + 1])
         lo, hi = part[:-1], part[1:]
-        found.append(np.flatnonzero((hi < lo) | (lo < 0) | (hi > num_values)) + start)
+        bad = (hi < lo) | (lo < 0) | (hi > num_values)
+        if max_length is not None:
+            bad |= hi - lo > max_length  # wraps only where hi < lo, which is bad already
+        found.append(np.flatnonzero(bad) + start)
     return np.unique(np.concatenate(found).astype(np.int64))
 
 

@@ -12,9 +12,11 @@ from fastdata.formats.layout import bad_label_samples, bad_offset_samples, forma
 values = st.one_of(st.integers(-5, 60), st.sampled_from([-(2**63), -(2**40), 2**40, 2**63 - 1]))
 
 
-def plain_bad_offsets(offsets, num_values):
+def plain_bad_offsets(offsets, num_values, max_length=None):
     n = len(offsets) - 1
     bad = {i for i in range(n) if not 0 <= offsets[i] <= offsets[i + 1] <= num_values}
+    if max_length is not None:
+        bad |= {i for i in range(n) if offsets[i + 1] - offsets[i] > max_length}
     if n and offsets[0] != 0:
         bad.add(0)
     if n and offsets[-1] != num_values:
@@ -22,11 +24,12 @@ def plain_bad_offsets(offsets, num_values):
     return sorted(bad)
 
 
-@given(st.lists(values, min_size=1, max_size=40), st.integers(0, 60), st.sampled_from([1, 3, 1 << 20]))
-def test_bad_offsets_are_the_samples_whose_range_is_not_in_the_values(offsets, num_values, scan):
+@given(st.lists(values, min_size=1, max_size=40), st.integers(0, 60), st.sampled_from([1, 3, 1 << 20]),
+       st.one_of(st.none(), st.integers(0, 20)))
+def test_bad_offsets_are_the_samples_whose_range_is_not_in_the_values(offsets, num_values, scan, max_length):
     with mock.patch.object(layout, "_SCAN", scan):  # numpy passes of any size give the same answer
-        found = bad_offset_samples(np.array(offsets, np.int64), num_values)
-    assert found.dtype == np.int64 and found.tolist() == plain_bad_offsets(offsets, num_values)
+        found = bad_offset_samples(np.array(offsets, np.int64), num_values, max_length)
+    assert found.dtype == np.int64 and found.tolist() == plain_bad_offsets(offsets, num_values, max_length)
 
 
 @given(st.lists(st.integers(0, 40), min_size=0, max_size=30), st.integers(0, 200))
