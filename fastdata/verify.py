@@ -119,16 +119,17 @@ def _check_checksums(report, columns, metadata, stored, offsets_ok):
             're-run "fastdata convert" to add them'
         )
         return
-    if info is None or info.get("algorithm") != CHECKSUM_ALGORITHM or not isinstance(info.get("chunk_bytes"), int):
-        report.problems.append(Problem("structure", f"the metadata's checksum description is damaged: {info!r}"))
+    described = info if isinstance(info, dict) else {}
+    chunk_bytes = described.get("chunk_bytes")
+    if described.get("algorithm") != CHECKSUM_ALGORITHM or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        report.problems.append(Problem("structure", f"the checksum description is missing or damaged: {info!r}"))
         return
-    chunk_bytes = info["chunk_bytes"]
     for name, array in stored_columns(columns).items():
         actual, expected = chunk_checksums(array, chunk_bytes), stored.get(name)
         if expected is None or len(expected) != len(actual):
-            found = "none" if expected is None else len(expected)
+            found = "no" if expected is None else len(expected)
             report.problems.append(
-                Problem("structure", f"column {name!r} has {len(actual)} chunks and {found} stored checksums")
+                Problem("structure", f"column {name!r}: {_count(len(actual), 'chunk')} but {found} stored checksums")
             )
             continue
         bad = np.flatnonzero(actual != expected)

@@ -222,6 +222,22 @@ def test_a_truncated_file_is_a_structure_problem(packed_files, fmt, tmp_path):
     assert os.fspath(path) in report.problems[0].message
 
 
+def test_version2_files_without_their_checksums_are_damaged(packed_files, tmp_path):
+    import h5py
+
+    lost_sums = private_copy(packed_files("hdf5", "raw"), tmp_path, "lost-sums")
+    with h5py.File(lost_sums, "r+") as f:
+        del f["checksums"]["labels"]
+    lost_description = private_copy(packed_files("hdf5", "raw"), tmp_path, "lost-description")
+    with h5py.File(lost_description, "r+") as f:
+        metadata = json.loads(f.attrs[layout.METADATA_KEY])
+        f.attrs[layout.METADATA_KEY] = json.dumps({**metadata, "checksums": None})
+    for path, message in [(lost_sums, "column 'labels': 1 chunk but no stored checksums"),
+                          (lost_description, "checksum description is missing or damaged: None")]:
+        report = verify(path, quick=True)
+        assert len(report.problems) == 1 and message in report.problems[0].message, str(report)
+
+
 def test_a_missing_file_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.h5"):
         verify(tmp_path / "missing.h5")
