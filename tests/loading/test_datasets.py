@@ -416,6 +416,17 @@ def test_workers_refuse_a_file_replaced_before_they_open_it(packed_files, tmp_pa
         pickle.loads(pickle.dumps(ds))[0]
 
 
+def test_workers_reading_a_file_truncated_under_them_raise_instead_of_sigbus(packed_files, tmp_path):
+    # Before: a worker died of SIGBUS, and torch blamed shared memory.
+    path = private_copy(packed_files("hdf5", "raw"), tmp_path)
+    loader = DataLoader(HDF5Dataset(path), batch_size=8, num_workers=2, persistent_workers=True,
+                        multiprocessing_context="fork")
+    assert len(list(loader)) == 3  # the workers have mapped and read the file
+    os.truncate(path, os.path.getsize(path) // 2)
+    with pytest.raises(FormatError, match="changed size from"):
+        list(loader)
+
+
 TRUNCATE_UNDER_A_READER = textwrap.dedent("""
     import os, sys
     import numpy as np
