@@ -1,6 +1,7 @@
 """The suite's synthetic inputs, made once and cached in the work folder.
 
-* photos: ImageFolder of photo-like 500x375 JPEGs;
+* photos: ImageFolder of photo-like JPEGs of varied sizes (a quarter to four
+  times the area of 500x375, aspect ratios 1:4 to 4:1) and modes (RGB, L, CMYK);
 * tiny: ImageFolder of photo-like 32x32 JPEGs (CIFAR-sized);
 * reviews: IMDB-like tree of review-like ``.txt`` files;
 * packed files converted from them, and packed files with the rows of a
@@ -20,7 +21,7 @@ import numpy as np
 from fastdata import convert_imagefolder, convert_text
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
-PHOTO_SIZE = (500, 375)  # width, height of the synthetic source photos
+PHOTO_SIZE = (500, 375)  # width, height the synthetic source photos vary around
 PHOTO_QUALITY = 90
 IMAGE_FILES = (("hdf5", "raw", ".h5"), ("hdf5", "jpeg", ".h5"), ("arrow", "raw", ".arrow"), ("arrow", "jpeg", ".arrow"))
 TEXT_FILES = (("hdf5", ".h5"), ("arrow", ".arrow"))
@@ -28,7 +29,7 @@ TINY_SIZE = (32, 32)
 
 
 def photo_folder(workdir, num_images, seed):
-    """Return ``(root, paths, labels, info)`` of the 500x375 photo folder under ``workdir/images``."""
+    """Return ``(root, paths, labels, info)`` of the photo folder under ``workdir/images``."""
     root, info = prepare_imagefolder(os.path.join(workdir, "images"), num_images, seed)
     paths, labels = list_images(root)
     return root, paths, labels, info
@@ -45,10 +46,12 @@ def prepare_imagefolder(folder, num_images, seed):
         "size": list(PHOTO_SIZE),
         "quality": PHOTO_QUALITY,
         "seed": seed,
+        "vary": True,
+        "jpeg_only": True,
     }
-    root = os.path.join(folder, f"imagefolder-{num_classes}x{per_class}-seed{seed}")
+    root = os.path.join(folder, f"imagefolder-{num_classes}x{per_class}-varied-seed{seed}")
     seconds = _cached(root, params, lambda: make_imagefolder(root, num_classes, per_class, PHOTO_SIZE, seed,
-                                                             PHOTO_QUALITY),
+                                                             PHOTO_QUALITY, vary=True, jpeg_only=True),
                       complete=lambda: len(list_images(root)[0]) == num_classes * per_class)
     return root, {**params, "cached": seconds is None, "generate_seconds": seconds}
 

@@ -1,6 +1,7 @@
 """fastdata: pack a dataset once, then feed PyTorch from it at memory speed."""
 
 import importlib
+import warnings
 
 __version__ = "0.1.0"
 
@@ -33,8 +34,20 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
+# Names exported by fastdata 0.1 that now live in their modules only: they
+# still resolve, with a DeprecationWarning naming the new home.
+_MOVED = {
+    "ProfiledLoader": "fastdata.measure.profiler",
+    "benchmark": "fastdata.measure.bench",
+    "measure_loader": "fastdata.measure.engine",
+    "tune_loader": "fastdata.measure.tune",
+}
+
 
 def __getattr__(name):
+    if name in _MOVED:
+        warnings.warn(f"fastdata.{name} moved: import it from {_MOVED[name]}", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(_MOVED[name]), name)
     if name not in _EXPORTS:
         raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)

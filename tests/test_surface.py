@@ -1,5 +1,6 @@
 """The public surface: what ``import fastdata`` offers, and that it ships its type hints."""
 
+import importlib
 import importlib.resources
 import inspect
 import subprocess
@@ -29,9 +30,20 @@ def test_the_surface_is_the_documented_api_and_the_errors():
 
 def test_both_samplers_or_neither_and_no_internal_classes():
     assert {"BatchIndexSampler", "BucketBatchSampler"} <= set(fastdata.__all__)
-    for internal in ("ProfiledLoader", "BatchLoader", "WorkerLoader", "benchmark", "measure_loader", "tune_loader"):
+    for internal in ("BatchLoader", "WorkerLoader", "EpochSampler"):
         with pytest.raises(AttributeError, match=internal):
             getattr(fastdata, internal)
+    assert not set(fastdata._MOVED) & set(fastdata.__all__)
+
+
+@pytest.mark.parametrize("name, home", [("ProfiledLoader", "fastdata.measure.profiler"),
+                                        ("benchmark", "fastdata.measure.bench"),
+                                        ("measure_loader", "fastdata.measure.engine"),
+                                        ("tune_loader", "fastdata.measure.tune")])
+def test_names_exported_before_still_resolve_with_a_warning(name, home):
+    with pytest.warns(DeprecationWarning, match=home):
+        value = getattr(fastdata, name)
+    assert value is getattr(importlib.import_module(home), name)
 
 
 def test_every_error_is_also_the_matching_builtin():

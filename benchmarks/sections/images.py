@@ -2,8 +2,8 @@
 
 Run through benchmarks/run.py (``--only images``), at each output size of
 ``--sizes`` (64 and 224), sharing one photo folder. At each size it
-1. converts a synthetic ImageFolder of photo-like 500x375 JPEGs (made once,
-   inputs.py) to HDF5 and Arrow, raw and jpeg storage, timed against a plain
+1. converts a synthetic ImageFolder of photo-like JPEGs of varied sizes and
+   modes (made once, inputs.py) to HDF5 and Arrow, raw and jpeg storage, timed against a plain
    multiprocessing.Pool doing full Pillow decode + Resize + CenterCrop (and,
    for information, the HDF5 raw conversion called from a script that
    imports torch first);

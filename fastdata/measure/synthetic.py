@@ -46,14 +46,16 @@ _OTHER_KINDS = (
 )
 
 
-def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0, quality=90, vary=False):
+def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0, quality=90, vary=False,
+                     jpeg_only=False):
     """Write an ImageFolder tree ``root/class_k/img_j.<ext>``; return ``root``.
 
     Every image is a ``size`` (width, height) RGB JPEG, or with ``vary``
     images of varied sizes (a quarter to four times ``size``'s area) and
     aspect ratios (1:4 to 4:1): index j of each class is a JPEG (RGB, L or
     CMYK) unless j % 3 == 1, which cycles through PNG (RGBA, 16-bit, P), BMP,
-    TIFF (CMYK, L), GIF and WebP.
+    TIFF (CMYK, L), GIF and WebP. With ``jpeg_only`` as well, every image is
+    a JPEG of varied size and mode, as in a folder of camera photos.
     """
     rng = np.random.default_rng(seed)
     others = 0
@@ -64,7 +66,7 @@ def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0,
             if not vary:
                 make_photo(rng, *size).save(os.path.join(folder, f"img_{index:05d}.jpg"), "JPEG", quality=quality)
                 continue
-            if index % 3 == 1:
+            if index % 3 == 1 and not jpeg_only:
                 ext, mode = _OTHER_KINDS[others % len(_OTHER_KINDS)]
                 others += 1
             else:

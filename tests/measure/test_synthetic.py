@@ -44,3 +44,17 @@ def test_make_photo_images_differ_and_are_not_flat():
 def test_make_photo_works_for_small_sizes(width, height):
     img = make_photo(np.random.default_rng(0), width, height)
     assert img.size == (width, height) and img.mode == "RGB"
+
+
+def test_a_varied_jpeg_only_folder_holds_jpegs_of_many_sizes_and_modes(tmp_path):
+    root = make_imagefolder(tmp_path / "photos", num_classes=2, per_class=12, size=(120, 90), seed=0,
+                            vary=True, jpeg_only=True)
+    _, relpaths, _ = find_images(root)
+    assert len(relpaths) == 24 and all(path.endswith(".jpg") for path in relpaths)
+    kinds = set()
+    for relpath in relpaths:
+        with Image.open(os.path.join(root, relpath)) as img:
+            assert img.format == "JPEG"
+            kinds.add((img.mode, img.size))
+    assert {mode for mode, _ in kinds} == {"RGB", "L", "CMYK"}
+    assert len({size for _, size in kinds}) > 20
