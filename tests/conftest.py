@@ -71,6 +71,21 @@ def packed_files(source_root, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def small_photos(tmp_path_factory):
+    """A 2 x 6 folder of 80x60 JPEGs and its raw .h5 and jpeg .arrow files at 16 px: ``(root, {storage: path})``.
+
+    Read-only, for the measuring tests: copy a file before writing beside it.
+    """
+    folder = tmp_path_factory.mktemp("small-photos")
+    root = make_imagefolder(folder / "photos", 2, 6, size=(80, 60))
+    files = {}
+    for storage, ext in (("raw", ".h5"), ("jpeg", ".arrow")):
+        files[storage] = folder / f"photos-{storage}{ext}"
+        convert_imagefolder(root, files[storage], size=16, storage=storage, workers=1, progress=False)
+    return root, files
+
+
 @pytest.fixture(params=list(FORMATS))
 def fmt(request):
     return request.param

@@ -4,16 +4,10 @@ import os
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from support import column_regions, overwrite, private_copy
+from support import column_regions, overwrite, private_copy, run_cli
 
 from fastdata import convert_imagefolder
-from fastdata.cli import main
 from fastdata.info import describe
-
-
-def run(*args):
-    return CliRunner().invoke(main, [os.fspath(a) for a in args], catch_exceptions=False)
 
 
 @pytest.fixture
@@ -27,7 +21,7 @@ def many_skipped(source_copy, tmp_path):
 
 def test_info_all_lists_every_skipped_input(many_skipped):
     out, _ = many_skipped
-    brief, full = run("info", out), run("info", out, "--all")
+    brief, full = run_cli("info", out), run_cli("info", out, "--all")
     assert brief.exit_code == full.exit_code == 0, full.output
     assert "bad_09.png" in brief.output and "bad_10.png" not in brief.output
     assert "... and 2 more (fastdata info --all lists them all)" in brief.output
@@ -39,7 +33,7 @@ def test_the_conversion_report_names_a_command_that_lists_them_all(many_skipped)
     out, report = many_skipped
     command = str(report).splitlines()[-1].split("(all listed by: ")[1].rstrip(")")
     assert command == f"fastdata info --all {out}"
-    result = run(*command.split()[1:])
+    result = run_cli(*command.split()[1:])
     assert sum(line.startswith("  'class_0/bad_") for line in result.output.splitlines()) == 12
 
 
@@ -62,7 +56,7 @@ def test_info_on_a_damaged_file_names_it(packed_files, packed_text, fmt, kind, t
     path = private_copy(packed_text(fmt) if kind == "text" else packed_files(fmt, kind), tmp_path, "damaged")
     offsets_at, nbytes = column_regions(path)["offsets"]
     overwrite(path, offsets_at + nbytes - 8, np.int64(2**40).tobytes())  # the last offset
-    result = run("info", path)
+    result = run_cli("info", path)
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and os.fspath(path) in lines[0], result.output

@@ -7,13 +7,20 @@ import sys
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from support import FORMATS, NUM_CLASSES, PER_CLASS, column_regions, downgrade_to_version1, overwrite, private_copy
+from support import (
+    FORMATS,
+    NUM_CLASSES,
+    PER_CLASS,
+    column_regions,
+    downgrade_to_version1,
+    overwrite,
+    private_copy,
+    run_cli,
+)
 
 from fastdata import FormatError, convert_imagefolder, open_dataset
-from fastdata.cli import main
 from fastdata.formats import Columns, layout, read_packed
 from fastdata.verify import _samples_in, verify
 
@@ -68,10 +75,6 @@ def damage(path, column, seed, length=64):
     assert data != before
     overwrite(path, offset + start, data)
     return touched
-
-
-def run(*args):
-    return CliRunner().invoke(main, [os.fspath(a) for a in args], catch_exceptions=False)
 
 
 # ---------------------------------------------------------------- good files
@@ -269,7 +272,7 @@ def test_a_version1_file_still_checks_labels_against_the_class_counts(packed_fil
 def test_cli_verify_exits_0_on_a_good_file(packed_files, fmt):
     path = packed_files(fmt, "jpeg")
     for extra in ([], ["--quick"]):
-        result = run("verify", path, *extra)
+        result = run_cli("verify", path, *extra)
         assert result.exit_code == 0, result.output
         assert f"{os.fspath(path)!r}: ok" in result.output
 
@@ -278,14 +281,14 @@ def test_cli_verify_names_the_damaged_samples_and_exits_1(packed_files, fmt, tmp
     path = private_copy(packed_files(fmt, "raw"), tmp_path)
     overwrite(path, column_regions(path)["labels"][0] + 11 * 8, np.int64(-7).tobytes())
     for extra in ([], ["--quick"]):
-        result = run("verify", path, *extra)
+        result = run_cli("verify", path, *extra)
         assert result.exit_code == 1, result.output
         assert "DAMAGED" in result.output and "checksum" in result.output
-    assert "sample 11" in run("verify", path).output
+    assert "sample 11" in run_cli("verify", path).output
 
 
 def test_cli_verify_of_a_missing_file_is_one_error_line(tmp_path):
-    result = run("verify", tmp_path / "missing.arrow")
+    result = run_cli("verify", tmp_path / "missing.arrow")
     assert result.exit_code == 1
     assert result.output.startswith("Error: ") and "missing.arrow" in result.output
     assert len(result.output.strip().splitlines()) == 1

@@ -7,30 +7,17 @@ import sys
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from support import run_cli
 
-from fastdata import convert_imagefolder, convert_text, make_loader, open_dataset
-from fastdata.cli import main
+from fastdata import convert_text, make_loader, open_dataset
 from fastdata.codecs.tokenizers import Tokenizer
 from fastdata.converters import find_images, find_texts
 from fastdata.measure.baselines import PadCollate, RawFolderDataset, RawTextDataset
 from fastdata.measure.bench import bench_file, format_results, results_table
 from fastdata.measure.engine import consume, measure_loader, measure_rate, memory_growth, process_memory, worker_pids
-from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
+from fastdata.measure.synthetic import make_text_corpus
 
 QUICK = {"repeats": 1, "min_seconds": 0.01}
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    """A 2 x 6 image folder of 80x60 JPEGs and its raw .h5 and jpeg .arrow files (read-only)."""
-    folder = tmp_path_factory.mktemp("bench-images")
-    root = make_imagefolder(folder / "photos", 2, 6, size=(80, 60))
-    files = {}
-    for storage, ext in (("raw", ".h5"), ("jpeg", ".arrow")):
-        files[storage] = folder / f"photos-{storage}{ext}"
-        convert_imagefolder(root, files[storage], size=16, storage=storage, workers=1, progress=False)
-    return root, files
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +28,6 @@ def texts(tmp_path_factory):
     path = folder / "reviews.h5"
     convert_text(root, path, workers=1, progress=False)
     return root, path
-
-
-def run(*args):
-    return CliRunner().invoke(main, [os.fspath(a) for a in args], catch_exceptions=False)
 
 
 def one_error_line(result):
@@ -122,8 +105,8 @@ def test_memory_growth_subtracts_per_worker():
     assert memory_growth([], [])["mean_uss"] is None
 
 
-def test_worker_memory_is_recorded_and_workers_stop(images):
-    dataset = open_dataset(images[1]["raw"])
+def test_worker_memory_is_recorded_and_workers_stop(small_photos):
+    dataset = open_dataset(small_photos[1]["raw"])
     made = []
 
     def build():
@@ -139,8 +122,8 @@ def test_worker_memory_is_recorded_and_workers_stop(images):
 # ---------------------------------------------------------------- baselines
 
 
-def test_raw_folder_dataset_items(images):
-    root, _ = images
+def test_raw_folder_dataset_items(small_photos):
+    root, _ = small_photos
     _, paths, labels = find_images(root)
     dataset = RawFolderDataset([os.path.join(root, p) for p in paths], labels, 16)
     image, label = dataset[7]
@@ -165,8 +148,8 @@ def test_pad_collate():
 
 
 @pytest.mark.parametrize("storage, limit", [("raw", "copy_limit"), ("jpeg", "decode_limit")])
-def test_bench_file_rows(images, storage, limit):
-    path = images[1][storage]
+def test_bench_file_rows(small_photos, storage, limit):
+    path = small_photos[1][storage]
     results = bench_file(path, batch_size=4, workers=(0, 1), **QUICK)
     fmt = "hdf5" if storage == "raw" else "arrow"
     keys = [row["key"] for row in results["rows"]]
@@ -190,11 +173,11 @@ def test_bench_file_on_text_has_no_limit_row(texts):
 # ---------------------------------------------------------------- fastdata bench
 
 
-def test_cli_bench_image_folder_writes_json_and_plot(images, tmp_path):
+def test_cli_bench_image_folder_writes_json_and_plot(small_photos, tmp_path):
     pytest.importorskip("matplotlib")
-    root, _ = images
+    root, _ = small_photos
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
-    result = run("bench", root, "--quick", "--workers", "0,1", "--batch-size", "4", "--size", "16",
+    result = run_cli("bench", root, "--quick", "--workers", "0,1", "--batch-size", "4", "--size", "16",
                  "--json", out, "--plot", plot, "--quiet")
     assert result.exit_code == 0, result.output
     assert "| method" in result.output and f"wrote {out}" in result.output
@@ -207,36 +190,36 @@ def test_cli_bench_image_folder_writes_json_and_plot(images, tmp_path):
 
 
 def test_cli_bench_text_folder(texts):
-    result = run("bench", texts[0], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
+    result = run_cli("bench", texts[0], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
     assert result.exit_code == 0, result.output
     assert "read + tokenize each .txt" in result.output and "Arrow tokens" in result.output
 
 
-def test_cli_bench_packed_file(images):
-    result = run("bench", images[1]["raw"], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
+def test_cli_bench_packed_file(small_photos):
+    result = run_cli("bench", small_photos[1]["raw"], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
     assert result.exit_code == 0, result.output
     assert "per-item DataLoader" in result.output and "memcpy limit" in result.output
 
 
-def test_cli_bench_refuses_to_overwrite_before_measuring(images, tmp_path):
+def test_cli_bench_refuses_to_overwrite_before_measuring(small_photos, tmp_path):
     out = tmp_path / "bench.json"
     out.write_text("{}")
-    line = one_error_line(run("bench", images[1]["raw"], "--quick", "--json", out))
+    line = one_error_line(run_cli("bench", small_photos[1]["raw"], "--quick", "--json", out))
     assert "already exists" in line and "--overwrite" in line
     assert out.read_text() == "{}"
 
 
 @pytest.mark.parametrize("workers", ["0,two", "-1", ""])
-def test_cli_bench_rejects_bad_workers(images, workers):
-    assert "--workers should be" in one_error_line(run("bench", images[1]["raw"], "--workers", workers))
+def test_cli_bench_rejects_bad_workers(small_photos, workers):
+    assert "--workers should be" in one_error_line(run_cli("bench", small_photos[1]["raw"], "--workers", workers))
 
 
 def test_cli_bench_rejects_other_folders(tmp_path):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
-    assert "neither an image folder" in one_error_line(run("bench", tmp_path / "empty", "--quick"))
+    assert "neither an image folder" in one_error_line(run_cli("bench", tmp_path / "empty", "--quick"))
 
 
-def test_cli_bench_plot_without_matplotlib(images, tmp_path, monkeypatch):
+def test_cli_bench_plot_without_matplotlib(small_photos, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
-    line = one_error_line(run("bench", images[1]["raw"], "--quick", "--plot", tmp_path / "p.png"))
+    line = one_error_line(run_cli("bench", small_photos[1]["raw"], "--quick", "--plot", tmp_path / "p.png"))
     assert "pip install 'fastdata[plot]'" in line

@@ -6,14 +6,12 @@ import shutil
 import warnings
 
 import pytest
-from click.testing import CliRunner
+from support import run_cli
 
-from fastdata import convert_imagefolder, make_loader, open_dataset
-from fastdata.cli import main
+from fastdata import make_loader, open_dataset
 from fastdata.loading.loader import BatchLoader, WorkerLoader
 from fastdata.loading.recommendation import read_recommendation, tune_json_path
 from fastdata.measure.engine import Rate, close_loader
-from fastdata.measure.synthetic import make_imagefolder
 from fastdata.measure.tune import (
     DEFAULTS,
     TuneResult,
@@ -23,14 +21,10 @@ from fastdata.measure.tune import (
 )
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    """A raw .h5 file of a 2 x 6 image folder (read-only: copy it to write a tune file beside it)."""
-    folder = tmp_path_factory.mktemp("tune")
-    root = make_imagefolder(folder / "photos", 2, 6, size=(80, 60))
-    path = folder / "photos.h5"
-    convert_imagefolder(root, path, size=16, workers=1, progress=False)
-    return path
+@pytest.fixture
+def packed(small_photos):
+    """The raw .h5 file of ``small_photos`` (read-only: copy it to write a tune file beside it)."""
+    return small_photos[1]["raw"]
 
 
 @pytest.fixture
@@ -44,10 +38,6 @@ def private(packed, tmp_path):
 def read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def run(*args):
-    return CliRunner().invoke(main, [os.fspath(a) for a in args], catch_exceptions=False)
 
 
 class Clock:
@@ -273,7 +263,7 @@ def test_auto_on_a_dataset_without_a_path_reads_in_process(private):
 
 
 def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
-    result = run("tune", private, "--budget", "3s", "--max-workers", "1")
+    result = run_cli("tune", private, "--budget", "3s", "--max-workers", "1")
     assert result.exit_code == 0, result.output
     assert "defaults" in result.output and "samples/s" in result.output
     assert "recommended: make_loader(dataset, batch_size=" in result.output
@@ -286,10 +276,10 @@ def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
 def test_cli_tune_does_not_overwrite_without_flag(private, tmp_path, monkeypatch):
     monkeypatch.setattr("fastdata.measure.tune.tune_loader", lambda path, **options: tuned(path, {}))
     out = tmp_path / "t.json"
-    assert run("tune", private, "--json", out).exit_code == 0
-    again = run("tune", private, "--json", out)
+    assert run_cli("tune", private, "--json", out).exit_code == 0
+    again = run_cli("tune", private, "--json", out)
     assert again.exit_code == 1 and "already exists" in again.output and "--overwrite" in again.output
-    assert run("tune", private, "--json", out, "--overwrite").exit_code == 0
+    assert run_cli("tune", private, "--json", out, "--overwrite").exit_code == 0
 
 
 @pytest.mark.parametrize("text, seconds", [("60", 60), ("60s", 60), ("2m", 120), ("1.5min", 90), (" 45 S ", 45)])
@@ -301,14 +291,14 @@ def test_cli_tune_budget(private, tmp_path, monkeypatch, text, seconds):
         return tuned(path, {})
 
     monkeypatch.setattr("fastdata.measure.tune.tune_loader", record)
-    result = run("tune", private, "--budget", text, "--json", tmp_path / "t.json")
+    result = run_cli("tune", private, "--budget", text, "--json", tmp_path / "t.json")
     assert result.exit_code == 0, result.output
     assert budgets == [seconds]
 
 
 @pytest.mark.parametrize("text", ["soon", "0s", "-5", "10 hours"])
 def test_cli_tune_rejects_bad_budgets(private, text):
-    result = run("tune", private, "--budget", text)
+    result = run_cli("tune", private, "--budget", text)
     assert result.exit_code == 1 and "--budget should be a positive duration" in result.output
     assert not os.path.exists(tune_json_path(private))
 
