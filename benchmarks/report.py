@@ -183,8 +183,8 @@ def images_text(section, config):
     for size, result in section["sizes"].items():
         count = result["source"]["num_images"]
         w, h = PHOTO_SIZE
-        parts += [f"## Images: {count} photo-like JPEGs ({w}x{h}) -> {size}x{size}, batch {config['batch_size']}, "
-                  "shuffled", "", result["tables"]["loading"], "",
+        parts += [f"## Images: {count} photo-like JPEGs (varied sizes around {w}x{h}) -> {size}x{size}, "
+                  f"batch {config['batch_size']}, shuffled", "", result["tables"]["loading"], "",
                   "samples/s: median of timed passes of whole epochs after a warm-up epoch, each row in a fresh "
                   f"process; rows other than the raw folder: the median of {section['process_repeats']} fresh "
                   "processes (see NOTE [process to process] in fresh.py). LIMIT: the faster direct copy from the "
