@@ -34,17 +34,31 @@ def loaded_modules(module):
     return json.loads(out)
 
 
-def rules_for(module):
-    return [banned for layer, bans in FORBIDDEN.items()
-            if module == layer or module.startswith(layer + ".") for banned in bans]
+_PROBE = """
+import importlib, json, sys
+banned = sys.argv[1].split(",")
+for module in sys.argv[2:]:
+    importlib.import_module(module)
+    loaded = [name for name in banned if any(m == name or m.startswith(name + ".") for m in sys.modules)]
+    print(json.dumps([module, loaded]))
+"""
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if rules_for(m)])
-def test_module_imports_only_the_layers_below(module):
-    loaded = loaded_modules(module)
-    broken = [banned for banned in rules_for(module)
-              if any(name == banned or name.startswith(banned + ".") for name in loaded)]
-    assert not broken, f"importing {module} loads {broken}"
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_each_layer_imports_only_the_layers_below(layer):
+    """Import the layer's modules one by one in a fresh interpreter; none may load a banned module.
+
+    One interpreter per layer rather than per module keeps this in the edit
+    loop; a banned module is blamed on the first module whose import loaded it.
+    """
+    modules = [m for m in MODULES if m == layer or m.startswith(layer + ".")]
+    out = subprocess.run([sys.executable, "-c", _PROBE, ",".join(FORBIDDEN[layer]), *modules],
+                         check=True, capture_output=True, text=True).stdout
+    first = {}
+    for module, loaded in map(json.loads, out.splitlines()):
+        for name in loaded:
+            first.setdefault(name, module)
+    assert not first, "; ".join(f"importing {module} loads {name}" for name, module in first.items())
 
 
 def test_every_package_module_is_covered_or_top_level():
