@@ -36,7 +36,11 @@ def describe(path, all_skipped=False):
         lines.append(f"  {count:>8}  {_printable(name)}")
     settings = metadata.get("preprocessing", {})
     lines.append("preprocessing: " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
-    lines.append(f"source:      {metadata.get('source', {})}")
+    source = dict(metadata.get("source", {}))
+    ignored = source.pop("ignored", {})
+    lines.append("source:      " + ", ".join(f"{key}={value!r}" for key, value in sorted(source.items())))
+    kinds = ", ".join(f"{_printable(kind)}: {count}" for kind, count in ignored.items())
+    lines.append(f"ignored:     {sum(ignored.values())} files that are not inputs" + (f" ({kinds})" if kinds else ""))
     skipped = metadata.get("skipped", [])
     lines.append(f"skipped:     {len(skipped)}")
     shown = skipped if all_skipped else skipped[:_SHOWN_SKIPS]

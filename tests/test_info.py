@@ -61,3 +61,14 @@ def test_info_on_a_damaged_file_names_it(packed_files, packed_text, fmt, kind, t
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and os.fspath(path) in lines[0], result.output
     assert "damaged" in lines[0] and "fastdata verify" in lines[0]
+
+
+def test_info_shows_the_source_and_the_files_left_out(source_copy, tmp_path):
+    (source_copy / "class_0" / "notes.txt").write_text("not an image")
+    (source_copy / "class_1" / ".hidden.jpg").write_bytes(b"")
+    out = tmp_path / "out.h5"
+    convert_imagefolder(source_copy, out, size=16, workers=1, progress=False)
+    lines = describe(out).splitlines()
+    assert f"source:      num_inputs=24, root={os.fspath(source_copy)!r}" in lines
+    assert "ignored:     2 files that are not inputs (.txt: 1, hidden: 1)" in lines
+
