@@ -1,5 +1,6 @@
 """Plain helpers and constants shared by the tests (fixtures live in conftest.py)."""
 
+import multiprocessing
 import os
 
 import numpy as np
@@ -246,3 +247,11 @@ def one_error_line(result):
     assert lines[0].startswith("Error: "), result.output
     assert "Traceback" not in result.output
     return lines[0]
+
+
+def start_methods(*methods):
+    """``methods`` as pytest params: fork in the edit loop; spawn and forkserver (seconds each) marked slow."""
+    available = multiprocessing.get_all_start_methods()
+    return [method if method == "fork" else pytest.param(method, marks=pytest.mark.slow)
+            for method in methods if method in available]
+

@@ -22,6 +22,7 @@ from support import (
     expected_images,
     overwrite,
     private_copy,
+    start_methods,
 )
 from torch.utils.data import DataLoader
 
@@ -319,7 +320,7 @@ def test_forked_child_reopens_the_file(ds):
     assert np.array_equal(items, expected) and np.array_equal(batch, expected)
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+@pytest.mark.parametrize("start_method", start_methods("spawn", "fork"))
 def test_plain_torch_dataloader_with_workers(packed_files, start_method):
     ds = HDF5Dataset(packed_files("hdf5", "jpeg"), transform=invert)
     expected_images, expected_labels = ds.read_batch(np.arange(NUM_SAMPLES))  # opened in the parent first

@@ -1,6 +1,5 @@
 """Text datasets and loaders: items, padded batches, workers under each start method, bucketing."""
 
-import multiprocessing
 import os
 import pickle
 import time
@@ -8,15 +7,13 @@ import time
 import numpy as np
 import pytest
 import torch
-from support import MB, ProbeMixin, growth_per_worker, stored_sequences
+from support import MB, ProbeMixin, growth_per_worker, start_methods, stored_sequences
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader
 
 from fastdata import BucketBatchSampler, HDF5Dataset, convert_text, make_loader, open_dataset
 from fastdata.loading.samplers import BatchIndexSampler
 from fastdata.measure.synthetic import make_text_corpus
-
-START_METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
 
 
 def padded_reference(sequences, indices, pad_id, pad_to=None):
@@ -117,7 +114,7 @@ def test_dataset_pickles_small(packed_text):
     assert len(pickle.dumps(dataset)) < 200_000  # metadata (vocabulary) only, no arrays
 
 
-@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn", "forkserver"))
 def test_workers_under_each_start_method(packed_text, start_method):
     path = packed_text("hdf5" if start_method != "spawn" else "arrow")
     dataset = open_dataset(path)
@@ -205,7 +202,7 @@ class ProbeText(ProbeMixin, HDF5Dataset):
     """Text dataset whose batches end with the worker's memory reading (module level for spawn)."""
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
 def test_text_worker_memory_stays_flat(tmp_path, start_method):
     corpus = make_text_corpus(tmp_path / "corpus", per_class=1500)
     path = tmp_path / "reviews.h5"
