@@ -2,7 +2,7 @@
 
 Only the standard library is imported at module level (psutil and torch on
 first use, see NOTE [light main] in sections/images.py). Process memory is read by
-fastdata.measure.engine (see NOTE [worker memory] there).
+fastdata.measure.memory (see NOTE [worker memory] there).
 """
 
 import ctypes

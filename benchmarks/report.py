@@ -11,8 +11,9 @@ import subprocess
 import sys
 
 from benchmarks.machine import cuda_device
-from fastdata.measure.engine import describe_machine as machine_info
-from fastdata.measure.engine import installed_version, markdown_table
+from fastdata.measure.machine import describe_machine as machine_info
+from fastdata.measure.machine import installed_version
+from fastdata.measure.tables import markdown_table
 
 PEER_VS_DEFAULTS = 10.0  # packed raw, defaults: about 10x the best other tool (0 workers)
 PEER_VS_WORKERS = 3.0  # packed raw, num_workers=2 forced: at least 3x the best other tool's 2-worker row

@@ -3,17 +3,18 @@
 import os
 import statistics
 
-from fastdata.measure.engine import MemoryProbe, measure_rate, process_memory
+from fastdata.measure.engine import measure_rate
+from fastdata.measure.memory import MemoryProbe, process_memory
 
 
 def measure_row(row, setup, **more):
-    """Measure ``row`` (a fastdata.measure.engine.Row) here; return its line of results.
+    """Measure ``row`` (a fastdata.measure.tables.Row) here; return its line of results.
 
     ``row.build(setup, **row.options)`` is a context manager yielding the
     epoch function; every epoch must cover ``setup["num_samples"]``. With
     ``row.memory``, the memory of this process's children (workers, decode
     processes) is read after the warm-up and at the end (see NOTE [worker
-    memory] in fastdata/measure/engine.py) into ``memory``.
+    memory] in fastdata/measure/memory.py) into ``memory``.
     """
     print(f"  {row.method} [{row.workers}] ...", end="", flush=True)
     probe = MemoryProbe()

@@ -170,7 +170,7 @@ def bench_command(target, batch_size, workers, repeats, seconds, size, json_out,
     """
     from fastdata._optional import require
     from fastdata.measure.bench import benchmark, format_results, plot_results
-    from fastdata.measure.engine import write_json
+    from fastdata.measure.tables import write_json
 
     for out in (json_out, plot_out):
         if out is not None:

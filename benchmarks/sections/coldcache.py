@@ -18,7 +18,8 @@ import time
 
 from benchmarks import inputs
 from benchmarks.machine import drop_from_page_cache
-from fastdata.measure.engine import consume, markdown_table
+from fastdata.measure.engine import consume
+from fastdata.measure.tables import markdown_table
 
 
 def row_specs(config):

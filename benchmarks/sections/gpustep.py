@@ -29,7 +29,8 @@ import time
 
 from benchmarks import inputs
 from benchmarks.sections import text
-from fastdata.measure.engine import markdown_table, touch
+from fastdata.measure.engine import touch
+from fastdata.measure.tables import markdown_table
 
 STEP_SECONDS = 0.005
 BATCHES_PER_EPOCH = 100

@@ -31,7 +31,8 @@ from benchmarks import inputs
 from benchmarks.rows import measure_row, worker_mb
 from fastdata import convert_imagefolder
 from fastdata._cpu import usable_cpus
-from fastdata.measure.engine import Row, consume, interleaved_rates, markdown_table
+from fastdata.measure.engine import consume, interleaved_rates
+from fastdata.measure.tables import Row, markdown_table
 
 RAW_VS_LIMIT = 0.5  # targets
 RAW_VS_FOLDER = 300.0

@@ -17,7 +17,7 @@ fresh process:
 
 Each worker's memory is read from /proc/PID/smaps_rollup once every worker
 has delivered a batch (the start), about 20 times during the epoch, and at
-the end. See NOTE [worker memory] in fastdata/measure/engine.py for USS versus private
+the end. See NOTE [worker memory] in fastdata/measure/memory.py for USS versus private
 dirty: the bar uses private dirty growth (copied or new pages); USS growth
 also counts the file pages a worker mapped while reading, which are the
 page cache.
@@ -27,7 +27,8 @@ import statistics
 import time
 
 from benchmarks import inputs
-from fastdata.measure.engine import child_pids, markdown_table, process_memory, worker_pids
+from fastdata.measure.memory import child_pids, process_memory, worker_pids
+from fastdata.measure.tables import markdown_table
 
 DATASETS = ("list_of_str", "list_of_dicts", "numpy_arrays", "hdf5_packed", "arrow_packed")
 QUICK_DATASETS = ("list_of_dicts", "numpy_arrays", "hdf5_packed")  # --quick: one of each kind

@@ -32,7 +32,9 @@ import numpy as np
 
 from benchmarks import inputs
 from benchmarks.rows import measure_row
-from fastdata.measure.engine import Row, consume, installed_version, markdown_table
+from fastdata.measure.engine import consume
+from fastdata.measure.machine import installed_version
+from fastdata.measure.tables import Row, markdown_table
 
 SIZE = 64  # peers hold the 64x64 samples, the size of the reference figures
 NUM_SHARDS = 8

@@ -22,7 +22,8 @@ from functools import partial
 
 from benchmarks import inputs
 from benchmarks.rows import measure_row, worker_mb
-from fastdata.measure.engine import Row, consume, markdown_table
+from fastdata.measure.engine import consume
+from fastdata.measure.tables import Row, markdown_table
 
 MAX_LENGTH = 256
 TEXT_VS_LIMIT = 0.5  # target: packed text at least half the limit

@@ -11,8 +11,10 @@ from fastdata._cpu import usable_cpus
 from fastdata._optional import require
 from fastdata.errors import SourceError
 from fastdata.measure.baselines import PadCollate, PerItem, RawFolderDataset, RawTextDataset
-from fastdata.measure.engine import Row, describe_machine, markdown_table, measure_loader, measure_rate
+from fastdata.measure.engine import measure_loader, measure_rate
 from fastdata.measure.limits import DecodeEpochs, copy_epochs
+from fastdata.measure.machine import describe_machine
+from fastdata.measure.tables import Row, markdown_table
 
 # A row's ``build()`` returns a loader, or for a limit row an epoch function.
 

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
 from fastdata.loading.recommendation import file_identity
-from fastdata.measure.engine import available_memory, describe_machine, measure_loader
+from fastdata.measure.engine import measure_loader
+from fastdata.measure.machine import available_memory, describe_machine
 
 THRESHOLD = 0.05  # a setting must be this much faster to count as better
 BATCH_SIZES = (64, 128, 256, 512, 1024)
@@ -332,6 +333,6 @@ def _fits_in_memory(dataset):
 
 def write_tune_json(result, out):
     """Write ``result.to_dict()`` to ``out`` as JSON; return ``out``."""
-    from fastdata.measure.engine import write_json
+    from fastdata.measure.tables import write_json
 
     return write_json(result.to_dict(), out)

@@ -14,7 +14,8 @@ from fastdata.codecs.tokenizers import Tokenizer
 from fastdata.converters import find_images, find_texts
 from fastdata.measure.baselines import PadCollate, RawFolderDataset, RawTextDataset
 from fastdata.measure.bench import bench_file, format_results, results_table
-from fastdata.measure.engine import consume, measure_loader, measure_rate, memory_growth, process_memory, worker_pids
+from fastdata.measure.engine import consume, measure_loader, measure_rate
+from fastdata.measure.memory import memory_growth, process_memory, worker_pids
 from fastdata.measure.synthetic import make_text_corpus
 
 QUICK = {"repeats": 1, "min_seconds": 0.01}

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from fastdata.formats import read_packed
-from fastdata.measure.engine import MemoryProbe, interleaved_rates, measure_rate, process_memory
+from fastdata.measure.engine import interleaved_rates, measure_rate
 from fastdata.measure.limits import DecodeEpochs, copy_epochs, shuffled_batches, token_copy_epochs
+from fastdata.measure.memory import MemoryProbe, process_memory
 from fastdata.measure.synthetic import make_photo
 
 
