@@ -13,13 +13,18 @@ from fastdata._optional import optional
 
 def available_memory():
     """Return the bytes of memory available to new allocations, or None where unknown."""
+    return _memory("available", "MemAvailable")
+
+
+def _memory(psutil_field, meminfo_key):
+    """Return one ``psutil.virtual_memory()`` field, else the matching /proc/meminfo line, in bytes; or None."""
     psutil = optional("psutil")
     if psutil is not None:
-        return psutil.virtual_memory().available
+        return getattr(psutil.virtual_memory(), psutil_field)
     try:
         with open("/proc/meminfo") as f:
             fields = dict(line.split(":", 1) for line in f)
-        return int(fields["MemAvailable"].split()[0]) * 1024
+        return int(fields[meminfo_key].split()[0]) * 1024  # "MemTotal:   N kB"
     except (OSError, KeyError, ValueError):
         return None
 
@@ -38,7 +43,7 @@ def describe_machine():
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
         "cpu_model": _cpu_model(),
-        "ram_bytes": _ram_bytes(),
+        "ram_bytes": _memory("total", "MemTotal"),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": {name: installed_version(name) for name in _VERSIONS},
@@ -57,17 +62,6 @@ def _cpu_model():
     except OSError:
         pass
     return platform.processor() or None
-
-
-def _ram_bytes():
-    psutil = optional("psutil")
-    if psutil is not None:
-        return psutil.virtual_memory().total
-    try:
-        with open("/proc/meminfo") as f:
-            return int(f.readline().split()[1]) * 1024  # "MemTotal: N kB"
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def installed_version(name):
