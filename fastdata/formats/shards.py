@@ -1,0 +1,200 @@
+"""A sharded dataset: a folder of packed files (shards) and ``index.json`` that ties them together.
+
+Each shard is an ordinary packed file (``shard-00000.h5`` or ``.arrow``) of
+consecutive samples; its metadata holds the dataset's per-sample facts
+(kind, storage, sample shape and dtype, classes, tokenizer) and its place
+(``shard``: its number and the inputs it was made from). The index, written
+last, is one JSON object (never pickle)::
+
+    {"format": "fastdata", "format_version": 2, "layout": "shards",
+     "container": "hdf5", "num_samples": N,
+     "settings": {...},          # what the conversion was asked to do
+     "metadata": {...},          # the dataset: classes and counts, mean/std, skipped inputs...
+     "shards": [{"name": "shard-00000.h5", "start": 0, "num_samples": n,
+                 "bytes": b, "crc32": "89abcdef"}, ...]}
+
+A folder without ``index.json`` is not a dataset (yet): a conversion that
+has not finished, or whose parts are still running.
+"""
+
+import json
+import os
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdata.errors import FormatError, NotFoundError
+from fastdata.formats.layout import FORMAT_NAME, FORMAT_VERSION
+
+INDEX_NAME = "index.json"
+LAYOUT = "shards"
+CONTAINER_EXTENSIONS = {"hdf5": ".h5", "arrow": ".arrow"}
+_READ_BYTES = 4 << 20  # file checksums read this many bytes at a time
+
+
+def shard_name(number, container):
+    """Return the file name of shard ``number``: ``shard-00042.h5`` (sorting by name sorts by number)."""
+    return f"shard-{number:05d}{CONTAINER_EXTENSIONS[container]}"
+
+
+def is_shard_folder(path):
+    """Return whether ``path`` is a folder holding a shard index."""
+    return os.path.isfile(os.path.join(os.fspath(path), INDEX_NAME))
+
+
+def file_checksum(path):
+    """Return the crc32 of the whole file at ``path`` as 8 hex digits (see NOTE [checksums] in layout)."""
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(_READ_BYTES):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A shard folder's index, as read from ``index.json``.
+
+    Attributes:
+        root: the shard folder.
+        container: "hdf5" or "arrow".
+        metadata: the dataset's metadata, as a single packed file holds it.
+        settings: the conversion settings the shards were written with.
+        names: shard file names, in sample order.
+        starts: int64 ``[S + 1]``: shard ``k`` holds samples ``starts[k]:starts[k + 1]``.
+        sizes: int64 ``[S]`` file sizes in bytes.
+        checksums: the crc32 of each shard file, 8 hex digits.
+    """
+
+    root: str
+    container: str
+    metadata: dict
+    settings: dict
+    names: list
+    starts: np.ndarray
+    sizes: np.ndarray
+    checksums: list
+
+    @property
+    def num_samples(self):
+        return int(self.starts[-1])
+
+    @property
+    def num_shards(self):
+        return len(self.names)
+
+    def path(self, shard):
+        """Return the path of shard number ``shard``."""
+        return os.path.join(self.root, self.names[shard])
+
+    def shard_of(self, indices):
+        """Return int64 shard numbers of the global sample ``indices`` (in range, checked by the caller)."""
+        return np.searchsorted(self.starts, indices, side="right") - 1
+
+
+def write_index(root, container, metadata, settings, shards):
+    """Write ``root/index.json`` atomically (a temporary file, flushed to disk, then renamed).
+
+    Args:
+        root: the shard folder.
+        container: "hdf5" or "arrow".
+        metadata: the dataset metadata (``num_samples`` included).
+        settings: the conversion settings, compared on resume.
+        shards: ``[{"name", "num_samples", "bytes", "crc32"}, ...]`` in sample order; shards of
+            no samples are left out.
+    """
+    start, entries = 0, []
+    for shard in shards:
+        if shard["num_samples"]:
+            entries.append({**shard, "start": start})
+            start += shard["num_samples"]
+    if start != metadata["num_samples"]:
+        raise FormatError(f"{root!r}: the shards hold {start} samples, the metadata says {metadata['num_samples']}")
+    index = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "layout": LAYOUT,
+        "container": container,
+        "num_samples": start,
+        "settings": settings,
+        "metadata": metadata,
+        "shards": entries,
+    }
+    write_json_atomically(os.path.join(root, INDEX_NAME), index)
+
+
+def write_json_atomically(path, value):
+    """Write ``value`` as JSON to ``path`` by a flushed temporary file and a rename: never half-written."""
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as f:
+        json.dump(value, f, sort_keys=True, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+    sync_folder(os.path.dirname(path))
+
+
+def sync_folder(root):
+    """Flush a folder's entries (renames, new files) to disk, so they survive a power cut."""
+    fd = os.open(root or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_index(root):
+    """Read and check ``root/index.json``; return a ShardIndex.
+
+    Raises:
+        FileNotFoundError: ``root`` has no index.
+        FormatError: the index is damaged, from a newer fastdata, or
+            disagrees with itself.
+    """
+    root = os.fspath(root)
+    path = os.path.join(root, INDEX_NAME)
+    if not os.path.isfile(path):
+        raise NotFoundError(
+            f"{root!r} has no {INDEX_NAME}: not a finished shard folder. Finish the conversion "
+            '(run it again with --resume), or run "fastdata index" once all its parts are done.'
+        )
+    try:
+        with open(path, "rb") as f:
+            index = json.load(f)
+    except ValueError as exc:
+        raise FormatError(f"{path!r} is not valid JSON; run \"fastdata index\" on its folder to rewrite it") from exc
+    _check_index(index, path)
+    shards = index["shards"]
+    counts = np.array([shard["num_samples"] for shard in shards], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if starts[-1] != index["num_samples"] or any(s["start"] != int(b) for s, b in zip(shards, starts)):
+        raise FormatError(f"{path!r}: shard sample ranges do not add up to {index['num_samples']} samples")
+    return ShardIndex(
+        root=root,
+        container=index["container"],
+        metadata=index["metadata"],
+        settings=index["settings"],
+        names=[shard["name"] for shard in shards],
+        starts=starts,
+        sizes=np.array([shard["bytes"] for shard in shards], dtype=np.int64),
+        checksums=[shard["crc32"] for shard in shards],
+    )
+
+
+def _check_index(index, path):
+    if not isinstance(index, dict) or index.get("format") != FORMAT_NAME or index.get("layout") != LAYOUT:
+        raise FormatError(f"{path!r} is not a fastdata shard index")
+    version = index.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise FormatError(
+            f"{path!r}: format version {version}, this fastdata reads up to {FORMAT_VERSION}. "
+            'Upgrade fastdata or re-run "fastdata convert".'
+        )
+    missing = [key for key in ("container", "num_samples", "settings", "metadata", "shards") if key not in index]
+    if missing or index["container"] not in CONTAINER_EXTENSIONS:
+        raise FormatError(f"{path!r}: shard index lacks {missing or ['a known container']}; re-run \"fastdata index\"")
+    for shard in index["shards"]:
+        name = shard.get("name") if isinstance(shard, dict) else None
+        if not isinstance(name, str) or os.path.basename(name) != name or name.startswith("."):
+            raise FormatError(f"{path!r}: shard entry {shard!r} is not a file of this folder")
