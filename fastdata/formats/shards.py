@@ -34,7 +34,7 @@ _READ_BYTES = 4 << 20  # file checksums read this many bytes at a time
 
 
 def shard_name(number, container):
-    """Return the file name of shard ``number``: ``shard-00042.h5`` (sorting by name sorts by number)."""
+    """Return the file name of shard ``number``: ``shard-00042.h5`` (the index, not the name, gives the order)."""
     return f"shard-{number:05d}{CONTAINER_EXTENSIONS[container]}"
 
 
