@@ -13,6 +13,7 @@ long-tailed length (median ~200 words).
 import csv
 import json
 import os
+import shutil
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -74,6 +75,41 @@ def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0,
             img = _in_mode(make_photo(rng, *_varied_size(rng, size)), mode)
             img.save(os.path.join(folder, f"img_{index:05d}{ext}"), **({"quality": quality} if ext == ".jpg" else {}))
     return os.fspath(root)
+
+
+def make_imagenet_like(root, num_images, classes=1000, distinct=3000, seed=0, quality=90):
+    """Write an ImageNet-like ImageFolder of ``num_images`` varied JPEGs, mostly hard links; return ``root``.
+
+    ``distinct`` photos of ``make_imagefolder(vary=True, jpeg_only=True)``
+    (sizes around 500x375, aspect ratios 1:4 to 4:1, RGB, L and CMYK) are
+    written once, then linked as ``root/class_k/img_j.jpg``, the images
+    spread evenly over ``classes`` folders. See NOTE [linked photos].
+    """
+    if not 1 <= classes <= num_images or distinct < 1:
+        raise ValueError(f"need 1 <= classes <= num_images and distinct >= 1, got classes={classes}, "
+                         f"num_images={num_images}, distinct={distinct}")
+    root = os.fspath(root)
+    pool = root + ".distinct"  # a sibling, so that the tree holds nothing but its classes
+    make_imagefolder(pool, 1, min(distinct, num_images), seed=seed, quality=quality, vary=True, jpeg_only=True)
+    sources = sorted(os.path.join(pool, "class_0", name) for name in os.listdir(os.path.join(pool, "class_0")))
+    counts = np.bincount(np.arange(num_images) % classes, minlength=classes)
+    number = 0
+    for label, count in enumerate(counts.tolist()):
+        folder = os.path.join(root, f"class_{label:04d}")
+        os.makedirs(folder)
+        for index in range(count):
+            os.link(sources[number % len(sources)], os.path.join(folder, f"img_{index:05d}.jpg"))
+            number += 1
+    shutil.rmtree(pool)  # the links keep the files
+    return root
+
+
+# NOTE [linked photos]: drawing and encoding one varied photo takes 19 ms
+# (100 in 1.9 s on this 2-core machine), so 200,000 distinct ones would take
+# an hour; a hard link takes 20 us (20,000 in 0.41 s). A converter opens each
+# link as its own file, so its decode and resize work is that of 200,000
+# photos; only the page cache is kinder than with real photos (a few
+# thousand distinct files, ~200 MB, stay cached).
 
 
 def _varied_size(rng, size):

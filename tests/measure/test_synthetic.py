@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from fastdata.converters import find_images
-from fastdata.measure.synthetic import make_imagefolder, make_photo
+from fastdata.measure.synthetic import make_imagefolder, make_imagenet_like, make_photo
 
 
 def test_make_imagefolder_writes_an_imagefolder_tree(tmp_path):
@@ -58,3 +58,24 @@ def test_a_varied_jpeg_only_folder_holds_jpegs_of_many_sizes_and_modes(tmp_path)
             kinds.add((img.mode, img.size))
     assert {mode for mode, _ in kinds} == {"RGB", "L", "CMYK"}
     assert len({size for _, size in kinds}) > 20
+
+
+def test_an_imagenet_like_folder_links_a_few_distinct_photos_over_every_class(tmp_path):
+    root = make_imagenet_like(tmp_path / "imagenet", 250, classes=7, distinct=40, seed=0)
+    classes, relpaths, labels = find_images(root)
+    assert len(classes) == 7 and len(relpaths) == 250
+    assert np.bincount(labels).tolist() == [36] * 5 + [35] * 2  # spread evenly
+    stats = [os.stat(os.path.join(root, path)) for path in relpaths]
+    assert len({stat.st_ino for stat in stats}) == 40 and all(stat.st_nlink > 1 for stat in stats)
+    assert os.listdir(tmp_path) == ["imagenet"]  # the distinct photos live only as links
+    sizes = set()
+    for relpath in relpaths[:40]:
+        with Image.open(os.path.join(root, relpath)) as img:
+            assert img.format == "JPEG"
+            sizes.add(img.size)
+    assert len(sizes) == 40
+
+
+def test_an_imagenet_like_folder_refuses_more_classes_than_images(tmp_path):
+    with pytest.raises(ValueError, match="classes <= num_images"):
+        make_imagenet_like(tmp_path / "imagenet", 5, classes=10)

@@ -1,0 +1,111 @@
+"""fastdata.measure.conversion: a folder's disk use and a process tree's memory, sampled while a real process runs."""
+
+import os
+import signal
+import sys
+import textwrap
+
+import pytest
+
+from fastdata.converters import find_images
+from fastdata.measure.conversion import count_shards, folder_usage, pool_decode_count, run_watched, tree_rss
+from fastdata.measure.synthetic import make_imagefolder
+
+pytest.importorskip("psutil")
+
+PARENT_AND_CHILD = textwrap.dedent("""
+    import subprocess, sys
+    code = "import sys; b = bytes(range(256)) * (256 << 10); print('ready', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)  # 64 MB, every page written
+    sys.stdin.read()  # until the test closes stdin
+    child.stdin.close()
+    child.wait()
+""")
+
+# A partial file of 4 MB is written, kept 1 s, removed; then the final 1 MB file.
+PARTIAL_THEN_FINAL = textwrap.dedent("""
+    import os, sys, time
+    folder = sys.argv[1]
+    os.makedirs(folder)
+    with open(os.path.join(folder, ".shard-00000.partial.h5"), "wb") as f:
+        f.write(os.urandom(4 << 20))
+    time.sleep(1.0)
+    os.remove(os.path.join(folder, ".shard-00000.partial.h5"))
+    with open(os.path.join(folder, "shard-00000.h5"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    print('{"done": 1}')
+""")
+
+SHARD_EVERY_50_MS = textwrap.dedent("""
+    import os, sys, time
+    folder = sys.argv[1]
+    os.makedirs(folder)
+    for k in range(200):
+        open(os.path.join(folder, f"shard-{k:05d}.h5"), "wb").close()
+        time.sleep(0.05)
+""")
+
+
+def test_folder_usage_counts_hidden_and_nested_files(tmp_path):
+    (tmp_path / ".fastdata").mkdir()
+    (tmp_path / ".fastdata" / "shard-00000.json").write_bytes(b"x" * 100)
+    (tmp_path / ".shard-00001.abc.partial.h5").write_bytes(b"y" * 5000)
+    (tmp_path / "shard-00000.h5").write_bytes(b"z" * 70000)
+    size, allocated = folder_usage(tmp_path)
+    assert size == 75100
+    assert allocated >= 70000  # whole blocks of each file
+    assert folder_usage(tmp_path / "not-there") == (0, 0)
+
+
+def test_folder_usage_allocated_leaves_out_the_holes_of_sparse_files(tmp_path):
+    with open(tmp_path / "sparse", "wb") as f:
+        f.truncate(64 << 20)
+    size, allocated = folder_usage(tmp_path)
+    assert size == 64 << 20 and allocated < 1 << 20
+
+
+def test_tree_rss_reads_the_process_and_its_descendants():
+    import subprocess
+
+    with subprocess.Popen([sys.executable, "-c", PARENT_AND_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as process:
+        assert process.stdout.readline().strip() == "ready"
+        own, children = tree_rss(process.pid)
+        process.stdin.close()
+        process.wait(30)
+    assert own > 1 << 20 and len(children) == 1 and children[0] >= 64 << 20
+    assert tree_rss(process.pid) == (None, [])
+
+
+def test_run_watched_sees_the_partial_file_at_its_peak(tmp_path):
+    folder = tmp_path / "out"
+    watched = run_watched([sys.executable, "-c", PARTIAL_THEN_FINAL, str(folder)], str(folder), timeout=60)
+    assert watched.returncode == 0 and watched.json() == {"done": 1} and not watched.killed
+    assert watched.peaks.disk_bytes >= (4 << 20) and watched.peaks.disk >= (4 << 20)
+    assert folder_usage(folder)[0] == 1 << 20
+    assert watched.peaks.driver_rss > 1 << 20 and watched.peaks.workers == 0
+    assert watched.peaks.readings >= 3 and watched.seconds >= 1.0
+
+
+def test_run_watched_kills_the_process_group_when_asked(tmp_path):
+    folder = tmp_path / "out"
+    watched = run_watched([sys.executable, "-c", SHARD_EVERY_50_MS, str(folder)], str(folder),
+                          kill_when=lambda root: count_shards(root, ".h5") >= 3, timeout=60)
+    assert watched.killed and watched.returncode == -signal.SIGKILL
+    assert 3 <= count_shards(folder, ".h5") < 200
+
+
+def test_count_shards_counts_finished_shards_of_one_extension(tmp_path):
+    for name in ("shard-00000.h5", "shard-00001.h5", ".shard-00002.x.partial.h5", "shard-00000.arrow", "index.json"):
+        (tmp_path / name).touch()
+    assert count_shards(tmp_path, ".h5") == 2 and count_shards(tmp_path, ".arrow") == 1
+    assert count_shards(tmp_path / "missing", ".h5") == 0
+
+
+def test_pool_decode_count_decodes_every_image(tmp_path):
+    root = make_imagefolder(tmp_path / "photos", 2, 5, size=(120, 90), vary=True, jpeg_only=True)
+    _, relpaths, _ = find_images(root)
+    assert pool_decode_count([os.path.join(root, p) for p in relpaths], 32, workers=2) == 10
+    (tmp_path / "photos" / "class_0" / "img_00000.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(OSError):
+        pool_decode_count([os.path.join(root, p) for p in relpaths], 32, workers=2)
