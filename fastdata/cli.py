@@ -18,6 +18,9 @@ from fastdata.converters.report import ON_ERROR
 from fastdata.converters.staging import check_output
 from fastdata.converters.textsources import SOURCE_FORMATS
 from fastdata.errors import FastdataError, OptionError
+from fastdata.formats.shards import CONTAINER_EXTENSIONS
+
+CONTAINERS = tuple(CONTAINER_EXTENSIONS)
 
 
 def _reports_errors(command):
@@ -46,6 +49,24 @@ def _conversion_options(work, bad_input):
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     return lambda command: functools.reduce(lambda command, option: option(command), reversed(options), command)
+
+
+class _ByteSize(click.ParamType):
+    """A number of bytes: plain (65536), or with a unit, decimal (64MB, 1GB) or binary (256MiB)."""
+
+    name = "size"
+    _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+    _PATTERN = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+    def convert(self, value, param, ctx):
+        match = self._PATTERN.fullmatch(str(value))
+        unit = match and self._UNITS.get(match[2].lower())
+        size = int(float(match[1]) * unit) if unit else 0
+        if size < 1:
+            self.fail(f"should be a positive number of bytes: plain, or with a unit (64MB, 256MiB, 1GB), "
+                      f"got {value!r}", param, ctx)
+        return size
 
 
 @click.group()
@@ -89,7 +110,7 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
 
 @convert.command("text")
 @click.argument("src", type=click.Path(exists=True))
-@click.argument("out", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path())
 @click.option("--tokenizer", default="words", show_default=True,
               help="words (built in), bytes (UTF-8 bytes as ids), a Hugging Face tokenizers .json file, "
                    "or a packed .h5/.arrow file whose tokenizer to reuse (e.g. train.h5 for the test split).")
@@ -111,23 +132,35 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
 @click.option("--no-labels", is_flag=True, help="CSV/JSONL: store no labels (all -1).")
 @click.option("--unsup/--no-unsup", default=False, show_default=True,
               help="Folder SRC: also store the unsup folder, unlabeled (label -1).")
+@click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
+              help="Shard folder OUT: container of the shard files [default: hdf5].")
+@click.option("--shard-size", type=_ByteSize(), default=None,
+              help="Shard folder OUT: bytes per shard file: 64MB, 256MiB, 1GB or plain bytes [default: 64MiB].")
+@click.option("--resume", is_flag=True,
+              help="Start again: a text conversion cannot resume (its vocabulary needs every text), and an "
+                   "interrupted one left nothing behind.")
 @_conversion_options("Tokenizing", "an unusable input (not UTF-8, empty, missing field, bad label)")
 @_reports_errors
 def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html,
-                         source_format, text_field, label_field, no_labels, unsup, workers, on_error, overwrite,
-                         quiet):
-    """Tokenize the text corpus SRC once into OUT (.h5, .hdf5 or .arrow).
+                         source_format, text_field, label_field, no_labels, unsup, container, shard_size, resume,
+                         workers, on_error, overwrite, quiet):
+    """Tokenize the text corpus SRC once into OUT: a .h5, .hdf5 or .arrow file, or else a shard folder.
 
     SRC is a folder SRC/<label>/<sample>.txt (e.g. aclImdb/train), a .csv/.tsv
     file with a header, a .jsonl file, or a text file with one sample per line.
+    A shard folder OUT holds shard files and index.json, and appears whole
+    when the conversion ends.
     """
     from fastdata.converters import convert_text
 
+    if resume:
+        click.echo("note: --resume: a text conversion starts again from the first text (its vocabulary needs "
+                   "every text); the interrupted one left nothing behind", err=True)
     report = convert_text(
         src, out, tokenizer=tokenizer, vocab=vocab, min_freq=min_freq, max_vocab=max_vocab, max_length=max_length,
         lowercase=lowercase, strip_html=strip_html, source_format=source_format, text_field=text_field,
         label_field=None if no_labels else label_field, include_unsup=unsup, workers=workers, on_error=on_error,
-        overwrite=overwrite, progress=not quiet,
+        overwrite=overwrite, progress=not quiet, format=container, shard_size=shard_size,
     )
     click.echo(str(report))
 

@@ -156,3 +156,14 @@ def small_disk(tmp_path):
     yield mount
     for folder in mounted:
         subprocess.run(["umount", "--lazy", os.fspath(folder)], check=False)
+
+
+@pytest.fixture(scope="session")
+def textshard_source(tmp_path_factory):
+    """A JSON Lines corpus of 40 labeled reviews; inputs 0, 17 and 39 are empty (skipped); read-only."""
+    from fastdata.measure.synthetic import make_reviews, write_text_file
+
+    texts, labels = make_reviews(40, seed=3)
+    for index in (0, 17, 39):
+        texts[index] = " "
+    return write_text_file(tmp_path_factory.mktemp("textshard") / "reviews.jsonl", texts, labels)

@@ -23,6 +23,7 @@ import numpy as np
 
 from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of
+from fastdata.formats.shards import sync_folder
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP)
@@ -30,14 +31,15 @@ _STAGING_NAME = re.compile(r"\.([0-9a-f]{8})-(\d+)-(\d+)-[a-z0-9_]{8}\.partial")
 
 
 @contextmanager
-def staged_output(out, overwrite=False, source=None):
+def staged_output(out, overwrite=False, source=None, folder=False):
     """Yield ``(staging_dir, staged_path)``; move ``staged_path`` to ``out`` on success.
 
     Args:
-        out: the output file.
+        out: the output file (or folder, with ``folder``).
         overwrite: replace an existing ``out``; without it ``out`` is never replaced,
             even when another process creates it during the conversion.
         source: the input file, which ``out`` may not be.
+        folder: ``staged_path`` is a folder, created here, that becomes ``out`` by one rename.
 
     Raises:
         OutputExistsError: ``out`` exists (or appeared meanwhile) and ``overwrite`` is false.
@@ -47,9 +49,12 @@ def staged_output(out, overwrite=False, source=None):
             (nothing is left behind).
     """
     out = os.path.abspath(os.fspath(out))
-    format_of(out)  # fail on a bad extension before any work
+    if not folder:
+        format_of(out)  # fail on a bad extension before any work
     if source is not None and os.path.exists(out) and os.path.samefile(out, source):
         raise OptionError(f"{out!r} is the source of this conversion; choose another output file")
+    if folder and source is not None and _holds(out, source):  # overwrite would remove the source
+        raise OptionError(f"{out!r} holds {source!r}, the source of this conversion; choose another output folder")
     check_output(out, overwrite)
     parent, name = os.path.split(out)
     staging = _make_staging(parent, name)
@@ -57,9 +62,11 @@ def staged_output(out, overwrite=False, source=None):
         _remove_orphans(parent)
         with _SignalWatch() as watch:
             staged_path = os.path.join(staging, name)
+            if folder:
+                os.mkdir(staged_path)
             yield staging, staged_path
             watch.reraise()
-        _move(staged_path, out, overwrite)
+        (_move_folder if folder else _move)(staged_path, out, overwrite)
     except OSError as exc:
         if exc.errno in _FULL:
             raise FastdataError(
@@ -175,6 +182,29 @@ def _move(staged_path, out, overwrite):
         if os.path.exists(out):  # a filesystem without hard links: check, then rename
             raise OutputExistsError(f"{out!r} already exists; pass --overwrite to replace it") from exc
         os.replace(staged_path, out)
+
+
+def _holds(root, path):
+    root, path = os.path.realpath(root), os.path.realpath(path)
+    return os.path.commonpath([root, path]) == root
+
+
+def _move_folder(staged_path, out, overwrite):
+    """Rename the finished folder ``staged_path`` to ``out``; an old ``out`` moves into the staging folder.
+
+    A rename never replaces a file or a folder with something in it, so a
+    folder another process wrote meanwhile is kept (an empty one is replaced).
+    """
+    if overwrite and os.path.lexists(out):
+        os.rename(out, os.path.join(os.path.dirname(staged_path), "replaced"))  # removed with the staging folder
+    try:
+        os.rename(staged_path, out)
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+            raise
+        raise OutputExistsError(f"{out!r} already exists (written by another process during this conversion); "
+                                "nothing was written. Pass --overwrite to replace it") from exc
+    sync_folder(os.path.dirname(out))
 
 
 class _SignalWatch:

@@ -35,8 +35,13 @@ from fastdata.converters.textsources import (
 )
 from fastdata.errors import NotFoundError, OptionError, SourceError
 from fastdata.formats import Columns, write_packed
+from fastdata.formats.shards import CONTAINER_EXTENSIONS, file_checksum, shard_name, write_index
 
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
+DEFAULT_SHARD_BYTES = 64 << 20  # until fastdata.converters.shards defines the one default
+_SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
+# Per-sample facts every shard file holds (the dataset-wide ones live in the index only).
+_SHARD_KEYS = ("kind", "storage", "sample_shape", "sample_dtype", "classes", "tokenizer", "preprocessing")
 _REMAP_CHUNK = 1 << 24  # provisional ids rewritten this many at a time
 _WRITE_TOKENS = 1 << 20  # ids gathered in memory before one write
 _PERCENTILES = (50, 90, 95, 99)
@@ -63,14 +68,18 @@ def convert_text(
     on_error: str = "skip",
     overwrite: bool = False,
     progress: bool = True,
+    format: str | None = None,
+    shard_size: int | None = None,
 ) -> ConversionReport:
-    """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file.
+    """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.
 
     Args:
         src: a folder ``src/<label>/<sample>.txt`` (e.g. IMDB's ``train/``), a
             ``.csv``/``.tsv`` file with a header, a ``.jsonl`` file, or a text
             file with one sample per line (no labels).
-        out: output path; its extension picks the format.
+        out: output path: a ``.h5``, ``.hdf5`` or ``.arrow`` file, or else a
+            shard folder (files of about ``shard_size`` bytes and ``index.json``),
+            which appears whole at the end.
         tokenizer: "words" (built in), "bytes" (UTF-8 bytes as ids), a path
             to a Hugging Face ``tokenizers`` JSON file, a packed text file
             whose tokenizer is reused (e.g. the train file for the test
@@ -102,6 +111,9 @@ def convert_text(
             and skip it, or "raise" SampleError.
         overwrite: replace an existing ``out``.
         progress: show a progress bar (only on a terminal).
+        format: shard folder: its container, "hdf5" (default) or "arrow".
+        shard_size: shard folder: bytes of ids, labels and offsets per shard
+            (default 64 MiB); a longer sample gets a shard of its own.
 
     Returns:
         ConversionReport.
@@ -109,13 +121,15 @@ def convert_text(
     Example:
         >>> convert_text("aclImdb/train", "train.h5", max_length=512, min_freq=2)
         >>> convert_text("aclImdb/test", "test.h5", tokenizer="train.h5")
+        >>> convert_text("wiki.jsonl", "wiki/", format="arrow", shard_size=256 << 20)
     """
     started = time.perf_counter()
     check_choice("on_error", on_error, ON_ERROR)
+    shards = _shard_options(out, format, shard_size, on_error)
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
-    with staged_output(out, overwrite, source=src) as (staging, staged_path):
+    with staged_output(out, overwrite, source=src, folder=shards is not None) as (staging, staged_path):
         spec_path = os.path.join(staging, "tokenizer.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(probe.to_dict(), f)
@@ -133,7 +147,10 @@ def convert_text(
             columns = Columns(sink.values(), labels, sink.offsets())
             metadata = _metadata(inputs, src, columns, classes, tokenizer, truncated, skipped,
                                  text_field, label_field, include_unsup, min_freq, max_vocab)
-            write_packed(staged_path, columns, metadata)
+            if shards is None:
+                write_packed(staged_path, columns, metadata)
+            else:  # shard files, then the index
+                _write_shard_folder(staged_path, shards, columns, metadata, truncated, kept, len(inputs.names))
             del columns
     return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "doc")
 
@@ -222,11 +239,11 @@ def _tokenize_text(tokenizer, text, build):
 
 
 def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
-    """Tokenize inputs into ``sink``; return ``(kept, skipped, truncated count, provisional words)``."""
+    """Tokenize inputs into ``sink``; return ``(kept, skipped, bool truncated [kept], provisional words)``."""
     todo = [payload for index, payload in enumerate(inputs.payloads) if index not in inputs.reasons]
     tokenize = partial(_tokenize_input, spec_path=spec_path, read_file=inputs.format == "folder", build=build)
     words = {}  # word -> provisional id, numbered in input order
-    kept, skipped, truncated = [], [], 0
+    kept, skipped, truncated = [], [], []
     with closing(ordered_map(tokenize, todo, workers=workers, progress=progress, unit="doc")) as results:
         for index, name in enumerate(inputs.names):
             result, cut, reason = (None, False, inputs.reasons[index]) if index in inputs.reasons else next(results)
@@ -238,11 +255,11 @@ def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
                 result = _provisional_ids(words, *result)
             sink.append(result)
             kept.append(index)
-            truncated += cut
+            truncated.append(cut)
     if not kept:
         first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         raise SourceError(f"no usable text: all {len(inputs.names)} inputs were skipped{first}")
-    return kept, skipped, truncated, words
+    return kept, skipped, np.array(truncated, dtype=bool), words
 
 
 def _provisional_ids(words, distinct, positions):
@@ -309,18 +326,98 @@ def _metadata(inputs, src, columns, classes, tokenizer, truncated, skipped,
             "min_freq": min_freq,
             "max_vocab": max_vocab,
         },
-        "lengths": {
-            "min": int(lengths.min()),
-            "max": int(lengths.max()),
-            "mean": round(float(lengths.mean()), 3),
-            **{f"p{q}": float(v) for q, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES))},
-            "num_tokens": int(lengths.sum()),
-            "truncated": int(truncated),
-        },
+        "lengths": _length_stats(lengths, truncated),
         "unk_fraction": round(unk / max(1, int(lengths.sum())), 6),
         "source": source,
         "skipped": [{"path": name, "reason": reason} for name, reason in skipped],
     }
+
+
+def _length_stats(lengths, truncated):
+    """Describe int64 sample ``lengths`` [N]; ``truncated``: bool [N], cut at max_length."""
+    return {
+        "min": int(lengths.min()),
+        "max": int(lengths.max()),
+        "mean": round(float(lengths.mean()), 3),
+        **{f"p{q}": float(v) for q, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES))},
+        "num_tokens": int(lengths.sum()),
+        "truncated": int(np.count_nonzero(truncated)),
+    }
+
+
+# ----- shard folder ------------------------------------------------------------------------------------
+
+
+def _shard_options(out, format, shard_size, on_error):
+    """Return the shard folder's settings, or None when ``out`` is one packed file."""
+    if os.fspath(out).lower().endswith(PACKED_EXTENSIONS):
+        if format is not None or shard_size is not None:
+            raise OptionError(f"format and shard_size apply to a shard folder; {os.fspath(out)!r} is one file "
+                              "(its extension picks the format). Give a folder name to write shards")
+        return None
+    check_choice("format", format or "hdf5", tuple(CONTAINER_EXTENSIONS))
+    if shard_size is None:
+        shard_size = DEFAULT_SHARD_BYTES
+    if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)):
+        raise TypeError(f"shard_size should be a number of bytes, got {type(shard_size).__name__}")
+    if shard_size < 1:
+        raise OptionError(f"shard_size should be a positive number of bytes, got shard_size={shard_size}")
+    return {"converter": "text", "container": format or "hdf5", "shard_size": int(shard_size), "on_error": on_error}
+
+
+def _shard_bounds(sizes, shard_size):
+    """Cut consecutive samples into shards of at most ``shard_size`` bytes, each as full as it can be.
+
+    Args:
+        sizes: int64 ``[N]`` stored bytes of each sample.
+        shard_size: bytes per shard; a sample larger than that is a shard of its own.
+
+    Returns:
+        int64 ``[S + 1]``: shard ``k`` holds samples ``bounds[k]:bounds[k + 1]``.
+    """
+    ends = np.cumsum(sizes, dtype=np.int64)
+    bounds = [0]
+    while bounds[-1] < len(ends):
+        start = bounds[-1]
+        limit = (ends[start - 1] if start else 0) + shard_size
+        bounds.append(max(start + 1, int(np.searchsorted(ends, limit, side="right"))))
+    return np.array(bounds, dtype=np.int64)
+
+
+def _write_shard_folder(root, settings, columns, metadata, truncated, kept, num_inputs):
+    """Write ``columns`` into ``root`` as shard files, each flushed to disk, then ``index.json``.
+
+    Shard ``k`` records its sample range's inputs: from its first sample's
+    input (0 for the first shard) to the next shard's, so skipped inputs
+    belong to the shard after them and the ranges cover every input.
+    """
+    container, offsets = settings["container"], columns.offsets
+    lengths = np.diff(offsets)
+    bounds = _shard_bounds(lengths * columns.samples.itemsize + _SAMPLE_BYTES, settings["shard_size"])
+    inputs = np.concatenate([[0], np.asarray(kept, dtype=np.int64)[bounds[1:-1]], [num_inputs]])
+    facts = {key: metadata[key] for key in _SHARD_KEYS}
+    shards = []
+    for number, (start, stop) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+        part = Columns(columns.samples[offsets[start] : offsets[stop]], columns.labels[start:stop],
+                       offsets[start : stop + 1] - offsets[start])
+        path = os.path.join(root, shard_name(number, container))
+        write_packed(path, part, {
+            **facts,
+            "num_samples": stop - start,
+            "lengths": _length_stats(lengths[start:stop], truncated[start:stop]),
+            "shard": {"number": number, "inputs": inputs[number : number + 2].tolist()},
+        })
+        _flush_to_disk(path)
+        shards.append({"name": os.path.basename(path), "num_samples": stop - start,
+                       "bytes": os.path.getsize(path), "crc32": file_checksum(path)})
+    settings = {**settings, "preprocessing": metadata["preprocessing"], "source": metadata["source"]}
+    write_index(root, container, metadata, settings, shards)
+
+
+def _flush_to_disk(path):
+    """fsync ``path``: the index, written after, never names a shard that a power cut could lose."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 

@@ -1,0 +1,265 @@
+"""convert_text into a shard folder: the single file's columns, cut by size, and the folder appears whole."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import FORMATS, folder_listing, one_error_line, run_cli
+
+from fastdata import convert_text
+from fastdata.errors import OptionError, OutputExistsError
+from fastdata.formats import read_packed
+from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index, shard_name
+
+SAMPLE_BYTES = 16  # an int64 label and an int64 offset besides the ids
+PER_SAMPLE_KEYS = {"kind", "storage", "sample_shape", "sample_dtype", "classes", "tokenizer", "preprocessing"}
+FILE_KEYS = {"format", "format_version", "checksums"}  # what the writer adds to the metadata of every file
+
+
+def convert(src, out, **kwargs):
+    return convert_text(src, out, workers=kwargs.pop("workers", 1), progress=False, **kwargs)
+
+
+def columns_of(path):
+    """Return ``(ids, labels, offsets, metadata)`` of a packed file, as plain arrays."""
+    columns, metadata = read_packed(path)
+    return np.array(columns.samples), np.array(columns.labels), np.array(columns.offsets), metadata
+
+
+def shards_of(root):
+    """Return ``(index, [(ids, labels, offsets, metadata) per shard])`` of a shard folder."""
+    index = read_index(root)
+    return index, [columns_of(index.path(k)) for k in range(index.num_shards)]
+
+
+def assert_same_samples(root, single):
+    """The shards, concatenated in order, hold the single file's ids, labels and offsets."""
+    ids, labels, offsets, metadata = columns_of(single)
+    index, shards = shards_of(root)
+    assert np.array_equal(np.concatenate([s[0] for s in shards]), ids)
+    assert np.array_equal(np.concatenate([s[1] for s in shards]), labels)
+    starts = np.cumsum([0] + [len(s[0]) for s in shards[:-1]])
+    assert np.array_equal(np.concatenate([[0]] + [s[2][1:] + start for s, start in zip(shards, starts)]), offsets)
+    assert index.starts.tolist() == np.cumsum([0] + [len(s[1]) for s in shards]).tolist()
+    return index, shards, metadata
+
+
+def stored_bytes(shard):
+    ids, labels, _, _ = shard
+    return ids.nbytes + SAMPLE_BYTES * len(labels)
+
+
+@pytest.mark.parametrize("container", list(FORMATS))
+def test_shards_hold_the_single_files_samples_and_the_index_its_metadata(textshard_source, tmp_path, container):
+    single = convert(textshard_source, tmp_path / f"one{FORMATS[container]}", max_length=60)
+    report = convert(textshard_source, tmp_path / "shards", max_length=60, format=container, shard_size=1500)
+    assert report.path == os.fspath(tmp_path / "shards") and report.num_samples == 37 and len(report.skipped) == 3
+    index, shards, metadata = assert_same_samples(tmp_path / "shards", single.path)
+    assert index.container == container and index.num_shards > 3
+    assert index.names == [shard_name(k, container) for k in range(index.num_shards)]
+    assert index.metadata == {key: value for key, value in metadata.items() if key not in FILE_KEYS}
+    assert index.settings["shard_size"] == 1500 and index.settings["container"] == container
+    assert index.sizes.tolist() == [os.path.getsize(index.path(k)) for k in range(index.num_shards)]
+    assert index.checksums == [file_checksum(index.path(k)) for k in range(index.num_shards)]
+    inputs = []
+    for number, (ids, labels, offsets, shard) in enumerate(shards):
+        assert set(shard) - FILE_KEYS == PER_SAMPLE_KEYS | {"num_samples", "lengths", "shard"}
+        assert {key: shard[key] for key in PER_SAMPLE_KEYS} == {key: metadata[key] for key in PER_SAMPLE_KEYS}
+        assert shard["num_samples"] == len(labels) and shard["shard"]["number"] == number
+        lengths = np.diff(offsets)
+        assert shard["lengths"]["num_tokens"] == len(ids) == lengths.sum()
+        assert (shard["lengths"]["min"], shard["lengths"]["max"]) == (lengths.min(), lengths.max())
+        inputs.append(shard["shard"]["inputs"])
+    # Input ranges cover every input once, the skipped ones (0, 17, 39) in the shard after them or the last.
+    assert inputs[0][0] == 0 and inputs[-1][1] == 40
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(inputs, inputs[1:]))
+    assert sum(shard[3]["lengths"]["truncated"] for shard in shards) == metadata["lengths"]["truncated"] > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(shard_size=st.one_of(st.integers(1, 600), st.integers(600, 15000), st.just(64 << 20)))
+def test_shard_boundaries_follow_the_shard_size(packed_text, text_corpus, shard_size):
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(tmp, "shards")
+        convert(text_corpus / "train", root, shard_size=shard_size)
+        index, shards, _ = assert_same_samples(root, packed_text("hdf5"))  # every sample once, in order
+    sizes = [stored_bytes(shard) for shard in shards]
+    for k, shard in enumerate(shards):
+        assert sizes[k] <= shard_size or len(shard[1]) == 1
+        if k + 1 < len(shards):  # as full as it can be: the next shard's first sample would not have fit
+            first_next = shards[k + 1][2][1] * shards[k + 1][0].itemsize + SAMPLE_BYTES
+            assert sizes[k] + first_next > shard_size
+    assert index.num_shards == 1 or shard_size < sum(sizes)
+
+
+@pytest.mark.parametrize("container", list(FORMATS))
+def test_folders_are_byte_identical_for_any_number_of_workers(text_corpus, tmp_path, container):
+    for workers in (1, 2):
+        convert(text_corpus / "train", tmp_path / f"w{workers}", workers=workers, format=container, shard_size=3000)
+    names = folder_listing(tmp_path / "w1")
+    assert names == folder_listing(tmp_path / "w2") and INDEX_NAME in names and len(names) > 3
+    for name in names:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
+
+
+def test_default_shard_size_gives_one_shard_and_the_default_container(text_corpus, tmp_path):
+    convert(text_corpus / "train", tmp_path / "shards")
+    assert os.listdir(tmp_path) == ["shards"]  # the staging folder is gone
+    assert sorted(os.listdir(tmp_path / "shards")) == [INDEX_NAME, "shard-00000.h5"]
+    assert read_index(tmp_path / "shards").settings["shard_size"] == 64 << 20
+
+
+def test_existing_output_is_kept_without_overwrite_and_replaced_with_it(text_corpus, textshard_source, tmp_path):
+    out = tmp_path / "shards"
+    convert(text_corpus / "train", out, shard_size=4000)
+    before = {name: (out / name).read_bytes() for name in folder_listing(out)}
+    with pytest.raises(OutputExistsError, match="pass --overwrite"):
+        convert(textshard_source, out, shard_size=4000)
+    assert {name: (out / name).read_bytes() for name in folder_listing(out)} == before
+    convert(textshard_source, out, shard_size=4000, overwrite=True)
+    assert read_index(out).metadata["source"]["path"] == os.fspath(textshard_source)
+    assert sorted(os.listdir(tmp_path)) == ["shards"]
+    (tmp_path / "file").write_text("x")
+    convert(textshard_source, tmp_path / "file", overwrite=True)  # a file replaced by a folder
+    assert read_index(tmp_path / "file").num_samples == 37
+
+
+def test_an_output_folder_holding_the_source_is_refused(textshard_source, tmp_path):
+    parent = os.path.dirname(textshard_source)
+    with pytest.raises(OptionError, match="holds .* the source of this conversion"):
+        convert(textshard_source, parent, overwrite=True)
+    assert os.path.isfile(textshard_source)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"shard_size": 0}, OptionError, "shard_size should be a positive number of bytes"),
+        ({"shard_size": "64MB"}, TypeError, "shard_size should be a number of bytes, got str"),
+        ({"format": "zip"}, OptionError, "format should be one of"),
+    ],
+)
+def test_bad_shard_options_are_refused_before_any_work(textshard_source, tmp_path, options, error, match):
+    with pytest.raises(error, match=match):
+        convert(textshard_source, tmp_path / "shards", **options)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("options", [{"format": "arrow"}, {"shard_size": 1000}])
+def test_shard_options_with_a_single_file_output_are_refused(textshard_source, tmp_path, options):
+    with pytest.raises(OptionError, match="apply to a shard folder"):
+        convert(textshard_source, tmp_path / "one.h5", **options)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def test_cli_writes_the_same_folder_as_the_library(text_corpus, tmp_path):
+    result = run_cli("convert", "text", text_corpus / "train", tmp_path / "cli", "--format", "arrow",
+                     "--shard-size", "4KiB", "--workers", "1", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {os.fspath(tmp_path / 'cli')!r}: 24 samples")
+    convert(text_corpus / "train", tmp_path / "lib", format="arrow", shard_size=4096)
+    assert read_index(tmp_path / "cli").settings["shard_size"] == 4096
+    names = folder_listing(tmp_path / "cli")
+    assert names == folder_listing(tmp_path / "lib") and len(names) > 2
+    for name in names:
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "lib" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(("text", "size"), [("64MB", 64 * 10**6), ("256MiB", 256 << 20), ("1GB", 10**9),
+                                            ("1.5 kB", 1500), ("4096", 4096)])
+def test_cli_shard_size_takes_units(text_corpus, tmp_path, text, size):
+    result = run_cli("convert", "text", text_corpus / "train", tmp_path / "out", "--shard-size", text,
+                     "--workers", "1", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert read_index(tmp_path / "out").settings["shard_size"] == size
+
+
+@pytest.mark.parametrize("text", ["0", "64XB", "MB", "-5", "5kb/"])
+def test_cli_bad_shard_size_is_a_usage_error(text_corpus, tmp_path, text):
+    result = run_cli("convert", "text", text_corpus / "train", tmp_path / "out", "--shard-size", text)
+    assert result.exit_code == 2 and "Invalid value for '--shard-size'" in result.output, result.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_shard_size_with_a_single_file_is_one_error_line(text_corpus, tmp_path):
+    result = run_cli("convert", "text", text_corpus / "train", tmp_path / "out.h5", "--shard-size", "1MB")
+    assert result.exit_code == 1
+    assert "apply to a shard folder" in one_error_line(result)
+
+
+# ---------------------------------------------------------------- interrupted
+
+# The CLI with every shard write taking DELAY more seconds, so a test can signal it mid-folder.
+SLOW_SHARDS_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import time
+
+    from fastdata.converters import text
+
+    _real_write_packed = text.write_packed
+
+
+    def _slow_write_packed(path, columns, metadata):
+        _real_write_packed(path, columns, metadata)
+        time.sleep(float(os.environ["DELAY"]))
+
+
+    text.write_packed = _slow_write_packed
+
+    if __name__ == "__main__":
+        from fastdata.cli import main
+
+        main()
+    """
+)
+
+
+def start_slow_conversion(tmp_path, src, out):
+    script = tmp_path / "slow_shards.py"
+    script.write_text(SLOW_SHARDS_SCRIPT)
+    command = [sys.executable, os.fspath(script), "convert", "text", os.fspath(src), os.fspath(out),
+               "--shard-size", "3000", "--workers", "1", "--quiet"]
+    return subprocess.Popen(command, env={**os.environ, "DELAY": "0.5"}, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_files(pattern, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not (found := glob.glob(pattern)):
+        assert time.monotonic() < deadline, f"timed out waiting for {pattern}"
+        time.sleep(0.005)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_interrupted_conversion_leaves_no_folder_and_the_next_run_cleans_up(text_corpus, tmp_path, signum):
+    out = tmp_path / "out" / "shards"
+    out.parent.mkdir()
+    process = start_slow_conversion(tmp_path, text_corpus / "train", out)
+    staged = os.path.join(glob.escape(os.fspath(out.parent)), ".shards.*.partial", "shards")
+    wait_for_files(os.path.join(staged, shard_name(1, "hdf5")))  # two shards written, more to come
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert "Traceback" not in stderr
+    left = os.listdir(out.parent)
+    assert "shards" not in left
+    assert all(name.startswith(".shards.") and name.endswith(".partial") for name in left)
+    assert bool(left) == (signum == signal.SIGKILL)  # a killed process leaves its hidden staging folder
+    # --resume starts again, and like any conversion into that folder removes the orphan.
+    result = run_cli("convert", "text", text_corpus / "train", out, "--shard-size", "3000", "--resume", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "a text conversion starts again from the first text" in result.stderr
+    assert os.listdir(out.parent) == ["shards"]
+    assert read_index(out).num_samples == 24
