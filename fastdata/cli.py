@@ -113,7 +113,8 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
 @click.argument("out", type=click.Path())
 @click.option("--tokenizer", default="words", show_default=True,
               help="words (built in), bytes (UTF-8 bytes as ids), a Hugging Face tokenizers .json file, "
-                   "or a packed .h5/.arrow file whose tokenizer to reuse (e.g. train.h5 for the test split).")
+                   "or a packed .h5/.arrow file or shard folder whose tokenizer to reuse (e.g. train.h5 for the "
+                   "test split).")
 @click.option("--vocab", type=click.Path(exists=True, dir_okay=False), default=None,
               help="words: vocabulary file, one token per line, instead of building one from SRC.")
 @click.option("--min-freq", type=click.IntRange(min=1), default=1, show_default=True,

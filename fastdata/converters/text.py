@@ -35,7 +35,13 @@ from fastdata.converters.textsources import (
 )
 from fastdata.errors import NotFoundError, OptionError, SourceError
 from fastdata.formats import Columns, write_packed
-from fastdata.formats.shards import CONTAINER_EXTENSIONS, file_checksum, shard_name, write_index
+from fastdata.formats.shards import (
+    CONTAINER_EXTENSIONS,
+    file_checksum,
+    read_index,
+    shard_name,
+    write_index,
+)
 
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
 DEFAULT_SHARD_BYTES = 64 << 20  # until fastdata.converters.shards defines the one default
@@ -81,9 +87,9 @@ def convert_text(
             shard folder (files of about ``shard_size`` bytes and ``index.json``),
             which appears whole at the end.
         tokenizer: "words" (built in), "bytes" (UTF-8 bytes as ids), a path
-            to a Hugging Face ``tokenizers`` JSON file, a packed text file
-            whose tokenizer is reused (e.g. the train file for the test
-            split), or a Tokenizer.
+            to a Hugging Face ``tokenizers`` JSON file, a packed text file or
+            shard folder whose tokenizer is reused (e.g. the train file for
+            the test split), or a Tokenizer.
         vocab: "words": a vocabulary file (one token per line) instead of
             building the vocabulary from the corpus.
         min_freq: "words", built vocabulary: leave out rarer tokens (they
@@ -159,6 +165,8 @@ def _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowerc
     """Return ``(tokenizer, build)``; with ``build`` it only holds settings, no vocabulary yet."""
     settings = {"lowercase": lowercase, "strip_html": strip_html, "max_length": max_length}
     building_options = vocab is not None or min_freq != 1 or max_vocab is not None
+    if isinstance(tokenizer, (str, os.PathLike)) and os.path.isdir(tokenizer):
+        tokenizer = read_index(tokenizer).path(0)  # a shard folder: every shard holds the tokenizer
     if isinstance(tokenizer, (str, os.PathLike)) and os.fspath(tokenizer).lower().endswith(PACKED_EXTENSIONS):
         tokenizer = Tokenizer.from_file(tokenizer)
     if isinstance(tokenizer, Tokenizer):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from support import FORMATS, folder_listing, one_error_line, run_cli
 
 from fastdata import convert_text
-from fastdata.errors import OptionError, OutputExistsError
+from fastdata.errors import NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import read_packed
 from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index, shard_name
 
@@ -158,6 +158,23 @@ def test_bad_shard_options_are_refused_before_any_work(textshard_source, tmp_pat
 def test_shard_options_with_a_single_file_output_are_refused(textshard_source, tmp_path, options):
     with pytest.raises(OptionError, match="apply to a shard folder"):
         convert(textshard_source, tmp_path / "one.h5", **options)
+
+
+def test_a_shard_folders_tokenizer_converts_another_split_as_its_single_file_does(text_corpus, textshard_source,
+                                                                                   tmp_path):
+    convert(text_corpus / "train", tmp_path / "train.h5", min_freq=2)
+    convert(text_corpus / "train", tmp_path / "train", min_freq=2, shard_size=2000)
+    by_file = convert(textshard_source, tmp_path / "other.h5", tokenizer=tmp_path / "train.h5")
+    by_folder = convert(textshard_source, tmp_path / "other", tokenizer=tmp_path / "train", shard_size=2000)
+    _, _, metadata = assert_same_samples(by_folder.path, by_file.path)
+    assert metadata["unk_fraction"] > 0  # the other split has words the train vocabulary lacks
+    assert read_index(by_folder.path).metadata["tokenizer"] == metadata["tokenizer"]
+
+
+def test_a_folder_without_an_index_is_no_tokenizer(textshard_source, tmp_path):
+    (tmp_path / "unfinished").mkdir()
+    with pytest.raises(NotFoundError, match="has no index.json"):
+        convert(textshard_source, tmp_path / "out", tokenizer=tmp_path / "unfinished")
 
 
 # ---------------------------------------------------------------- command line
