@@ -167,3 +167,101 @@ def textshard_source(tmp_path_factory):
     for index in (0, 17, 39):
         texts[index] = " "
     return write_text_file(tmp_path_factory.mktemp("textshard") / "reviews.jsonl", texts, labels)
+
+
+# ---------------------------------------------------------------- shard folders
+
+
+SHARD_COUNTS = (1, 5, 1, 7, 3, 1, 6)  # samples per shard, repeated as needed: 1-sample shards between larger ones
+_FILE_KEYS = ("checksums", "format", "format_version")  # what the container writes into each file's metadata
+
+
+def _shard_columns(columns, start, stop):
+    """Return the Columns of samples ``start:stop`` of ``columns``, offsets made relative."""
+    from fastdata.formats import Columns
+
+    labels = columns.labels[start:stop]
+    if not columns.ragged:
+        return Columns(columns.samples[start:stop], labels)
+    offsets = columns.offsets[start : stop + 1]
+    return Columns(columns.samples[offsets[0] : offsets[-1]], labels, offsets - offsets[0])
+
+
+def _shard_metadata(metadata, columns, number, start, stop):
+    """A shard's metadata per the contract: per-sample facts, its own count and lengths, its place."""
+    keep = ("kind", "storage", "sample_shape", "sample_dtype", "classes", "preprocessing", "tokenizer")
+    shard = {key: metadata[key] for key in keep if key in metadata}
+    shard.update(num_samples=stop - start, shard={"number": number, "inputs": [start, stop]})
+    if columns.ragged and metadata["kind"] == "text":
+        lengths = [int(n) for n in (columns.offsets[1:] - columns.offsets[:-1])]
+        shard["lengths"] = {"min": min(lengths), "max": max(lengths), "num_tokens": sum(lengths)}
+    return shard
+
+
+def _split_into_shards(path, root, counts=SHARD_COUNTS, container=None):
+    """Cut the packed file at ``path`` into a shard folder ``root`` of ``counts`` samples per shard (cycled).
+
+    Follows the shard contract of fastdata.formats.shards: shard files of
+    consecutive samples, then ``index.json`` with the file's metadata.
+    """
+    import itertools
+
+    from fastdata.formats import format_of, read_packed, write_packed
+    from fastdata.formats.shards import file_checksum, shard_name, write_index
+
+    container = container or format_of(path)
+    columns, metadata = read_packed(path)
+    os.makedirs(root)
+    shards, start = [], 0
+    for number, count in enumerate(itertools.cycle(counts)):
+        if start >= columns.num_samples:
+            break
+        stop = min(start + count, columns.num_samples)
+        part = _shard_columns(columns, start, stop)
+        name = shard_name(number, container)
+        write_packed(os.path.join(root, name), part, _shard_metadata(metadata, part, number, start, stop))
+        size = os.path.getsize(os.path.join(root, name))
+        shards.append({"name": name, "num_samples": stop - start, "bytes": size,
+                       "crc32": file_checksum(os.path.join(root, name))})
+        start = stop
+    dataset = {key: value for key, value in metadata.items() if key not in _FILE_KEYS}
+    write_index(root, container, dataset, {"split_from": os.path.basename(path), "counts": list(counts)}, shards)
+    return root
+
+
+@pytest.fixture(scope="session")
+def shard_split():
+    """Return ``split(path, root, counts=SHARD_COUNTS) -> root``: a packed file cut into a shard folder."""
+    return _split_into_shards
+
+
+@pytest.fixture(scope="session")
+def shard_single(packed_files, packed_text):
+    """Return ``get(fmt, storage) -> path``: the session's packed file of images ("raw", "jpeg") or "text"."""
+    return lambda fmt, storage: packed_text(fmt) if storage == "text" else packed_files(fmt, storage)
+
+
+@pytest.fixture(scope="session")
+def shard_folders(shard_single, tmp_path_factory):
+    """Return ``get(fmt, storage) -> folder``: ``shard_single(fmt, storage)`` in SHARD_COUNTS shards; read-only."""
+    folder = tmp_path_factory.mktemp("shards")
+    cache = {}
+
+    def get(fmt, storage="raw"):
+        if (fmt, storage) not in cache:
+            cache[fmt, storage] = _split_into_shards(shard_single(fmt, storage), folder / f"{storage}-{fmt}")
+        return cache[fmt, storage]
+
+    return get
+
+
+@pytest.fixture
+def shard_copy(tmp_path):
+    """Return ``copy(folder) -> folder``: a private, writable copy of a shard folder, for tests that damage it."""
+    def copy(folder):
+        target = tmp_path / f"copy-{os.path.basename(folder)}"
+        shutil.copytree(folder, target)
+        return target
+
+    return copy
+

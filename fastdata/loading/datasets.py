@@ -35,40 +35,65 @@ from fastdata.errors import FormatError
 from fastdata.formats import format_of
 from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
+from fastdata.formats.shards import read_index
 from fastdata.loading.decoders import decoder_for
+from fastdata.loading.shards import DEFAULT_MAX_OPEN_SHARDS, ShardStore
 
 
 class PackedDataset(Dataset):
-    """Map-style view of a file written by a fastdata converter.
+    """Map-style view of a file, or a shard folder, written by a fastdata converter.
 
     Items are ``(image, label)``: image a uint8 tensor ``[3, H, W]``, label an
-    int; for a text file ``(tokens, label)`` with tokens int64 ``[L]``.
+    int; for text ``(tokens, label)`` with tokens int64 ``[L]``. A shard
+    folder reads as one dataset: global sample ``i`` is row ``i - start`` of
+    the shard whose range holds it, and batches span shards.
     ``transform``, if given, is applied to each image tensor.
+
+    Args:
+        path: a packed file, or a folder with ``index.json`` and shards of this class's container.
+        transform: applied to each sample tensor.
+        max_open_shards: the most shards of a folder one process keeps open (see NOTE [open shards]).
     """
 
     format = None  # "hdf5" or "arrow", set by subclasses
 
-    def __init__(self, path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def __init__(self, path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 *, max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS):
         self.path = os.fspath(path)
-        _, self.metadata = self._read(self.path)  # structure, offsets and labels checked once; no handle kept
-        self._fingerprint = _fingerprint(self.path)  # see NOTE [fingerprint]
+        if os.path.isdir(self.path):
+            self._store = ShardStore.of_folder(self.path, self._read, max_open_shards)  # the index; no shard opened
+            self._check_container(self._store.index.container)
+        else:
+            self._store = ShardStore.of_file(self.path, self.format, self._read)  # see NOTE [fingerprint]
+        self.metadata = self._store.index.metadata
         self.transform = transform
         self.kind = self.metadata["kind"]
         self.storage = self.metadata.get("storage")
         self.sample_shape = tuple(self.metadata["sample_shape"])
-        self._num_samples = self.metadata["num_samples"]
-        self._columns, self._pid, self._decoder = None, None, None
+        self._num_samples = self._store.index.num_samples
+        self._pid, self._decoder = None, None
 
     @staticmethod
     def _read(path, check=True):
         raise NotImplementedError
 
+    def _check_container(self, container):
+        if container != self.format:
+            right = {"hdf5": "HDF5Dataset", "arrow": "ArrowDataset"}[container]
+            raise FormatError(
+                f"{self.path!r} is a folder of {container} shards, not {self.format}: open it with {right} "
+                "or open_dataset"
+            )
+
     def _open(self):  # see NOTE [lazy open]
-        self._check_unchanged()
-        if self._columns is None or self._pid != os.getpid():
-            self._columns, _ = self._read(self.path, check=False)  # checked at construction, unchanged since
+        if self._decoder is None or self._pid != os.getpid():
             self._pid, self._decoder = os.getpid(), decoder_for(self.metadata, self.path)
-        return self._columns
+        return self._decoder
+
+    @property
+    def num_shards(self):
+        """Number of packed files behind the dataset: 1 for a file."""
+        return self._store.index.num_shards
 
     @property
     def classes(self):
@@ -77,16 +102,16 @@ class PackedDataset(Dataset):
 
     @property
     def labels(self):
-        """int64 labels ``[N]``, memory-mapped from the file."""
-        return self._open().labels
+        """int64 labels ``[N]``: memory-mapped from a file, concatenated once from a folder's shards."""
+        return self._store.labels()
 
     @property
     def lengths(self):
         """int64 stored lengths ``[N]`` of ragged samples (tokens of a text file), from the offsets."""
-        offsets = self._open().offsets
-        if offsets is None:
+        lengths = self._store.lengths()
+        if lengths is None:
             raise TypeError(f"{self.path!r} holds fixed-size {self.kind} samples; lengths are for ragged ones")
-        return np.diff(offsets)
+        return lengths
 
     def __len__(self):
         return self._num_samples
@@ -94,11 +119,11 @@ class PackedDataset(Dataset):
     def __getitem__(self, index):
         """Return ``(sample, label int)`` read on its own."""
         index = self._check_index(index)
-        columns = self._open()
-        sample = self._decoder.item(columns, index)
+        columns, row, path = self._store.locate(index)
+        sample = self._open().item(columns, row, path)
         if self.transform is not None:
             sample = self.transform(sample)
-        return sample, int(columns.labels[index])
+        return sample, int(columns.labels[row])
 
     def __getitems__(self, indices):
         """Return a list of ``(sample, label)`` items, read as one sorted batch."""
@@ -107,7 +132,7 @@ class PackedDataset(Dataset):
         *samples, labels = self.read_batch(indices[order])
         caller = np.empty_like(order)
         caller[order] = np.arange(len(order))
-        items = self._decoder.unbatch(*samples)  # e.g. text: padded [B, T] -> 1-D items
+        items = self._open().unbatch(*samples)  # e.g. text: padded [B, T] -> 1-D items
         return [(items[i], int(labels[i])) for i in caller]
 
     def read_batch(self, indices, pin_memory=False, **options):
@@ -116,19 +141,23 @@ class PackedDataset(Dataset):
         For images ``samples`` is ``images uint8 [B, 3, H, W]``; for text it
         is ``tokens int64 [B, T], lengths int64 [B]``, padded with the stored
         pad id to the longest sample or to ``options["pad_to"]``. ``indices``
-        should be sorted for a single forward pass over the file; any order
-        is read correctly. With ``pin_memory`` the batch is written straight
-        into page-locked memory.
+        should be sorted for a single forward pass over the file (and one
+        part per shard of a folder); any order is read correctly. With
+        ``pin_memory`` the batch is written straight into page-locked memory.
 
         Raises:
             IndexError: an index is out of range.
         """
         indices = self._check_indices(np.asarray(indices, dtype=np.int64))
-        columns = self._open()
-        samples = self._decoder.batch(columns, indices, pin_memory, **options)
+        parts = self._store.parts(indices)
+        samples = self._open().batch_parts(parts, pin_memory, **options)
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
-        return (*samples, torch.from_numpy(columns.labels[indices]))
+        if len(parts) == 1:
+            labels = parts[0].columns.labels[parts[0].indices]
+        else:
+            labels = np.concatenate([np.empty(0, np.int64)] + [part.columns.labels[part.indices] for part in parts])
+        return (*samples, torch.from_numpy(labels))
 
     @property
     def read_options(self):
@@ -138,19 +167,6 @@ class PackedDataset(Dataset):
     def max_batch_bytes(self, batch_size, **options):
         """Return the most bytes of a ``read_batch`` of ``batch_size`` samples with ``options`` (labels included)."""
         return decoder_for(self.metadata, self.path).max_batch_bytes(batch_size, **options) + 8 * batch_size
-
-    def _check_unchanged(self):
-        """Raise FormatError if the file is not the one this dataset was made from (see NOTE [fingerprint])."""
-        try:
-            now = _fingerprint(self.path)
-        except FileNotFoundError:
-            now = None
-        if now != self._fingerprint:
-            raise FormatError(
-                f"{self.path!r} {_change(self._fingerprint, now)} after this dataset was opened; a packed file must "
-                "not change while it is read. Open it again (open_dataset) to read the new file, or put the old one "
-                "back."
-            )
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
@@ -168,31 +184,16 @@ class PackedDataset(Dataset):
         return np.where(indices < 0, indices + self._num_samples, indices)
 
     def __getstate__(self):
-        return {**self.__dict__, "_columns": None, "_pid": None, "_decoder": None}
+        return {**self.__dict__, "_pid": None, "_decoder": None}
 
     def __repr__(self):
         shape = ",".join(map(str, self.sample_shape))
+        where = self.format if os.path.isfile(self.path) else f"{self.format}, {self.num_shards} shards"
         return (
-            f"<{type(self).__name__} {os.path.basename(self.path)!r} {self.format}: "
+            f"<{type(self).__name__} {os.path.basename(self.path.rstrip(os.sep))!r} {where}: "
             f"{self._num_samples} samples, {self.kind} {self.metadata['sample_dtype']}[{shape}] "
             f"{self.storage}, {len(self.classes)} classes>"
         )
-
-
-def _fingerprint(path):
-    """Return ``(size, mtime_ns, inode)`` of ``path``: what changes when a file is rewritten or replaced."""
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns, stat.st_ino
-
-
-def _change(before, now):
-    if now is None:
-        return "was deleted"
-    if now[2] != before[2]:
-        return "was replaced by another file"
-    if now[0] != before[0]:
-        return f"changed size from {before[0]} to {now[0]} bytes"
-    return "was modified"
 
 
 class HDF5Dataset(PackedDataset):
@@ -210,8 +211,18 @@ class ArrowDataset(PackedDataset):
 
 
 def open_dataset(
-    path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None, **options
 ) -> HDF5Dataset | ArrowDataset:
-    """Return the HDF5Dataset or ArrowDataset for ``path``, chosen by extension."""
-    cls = HDF5Dataset if format_of(path) == "hdf5" else ArrowDataset
-    return cls(path, transform=transform)
+    """Return the HDF5Dataset or ArrowDataset for ``path``: a file by its extension, a shard folder by its index.
+
+    ``options`` go to the dataset (``max_open_shards``).
+
+    Example:
+        >>> dataset = open_dataset("train/")  # a shard folder: index.json, shard-00000.h5, ...
+    """
+    if os.path.isdir(path):
+        container = read_index(path).container
+    else:
+        container = format_of(path)
+    cls = HDF5Dataset if container == "hdf5" else ArrowDataset
+    return cls(path, transform=transform, **options)

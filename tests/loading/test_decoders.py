@@ -1,4 +1,4 @@
-"""The decoder contract, checked for each kind of packed file (raw images, JPEG images, tokens)."""
+"""The decoder contract, checked for each kind of packed file (raw images, JPEG images, tokens), one file or shards."""
 
 import inspect
 
@@ -8,10 +8,12 @@ import torch
 
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
+from fastdata.formats.shards import read_index
 from fastdata.loading.decoders import (
     DECODERS,
     Decoder,
     JpegImageDecoder,
+    Part,
     RawImageDecoder,
     TokenDecoder,
     decoder_for,
@@ -19,14 +21,22 @@ from fastdata.loading.decoders import (
 
 
 class DecoderContract:
-    """What every decoder promises; subclasses name the decoder, a file it reads and values of its options."""
+    """What every decoder promises; subclasses name the decoder, the storage it reads and values of its options."""
 
     decoder_class = None
+    storage = None  # "raw", "jpeg" or "text": which session file and shard folder it reads
     options = {}  # read option name -> values to try
 
-    @pytest.fixture
-    def path(self):
-        raise NotImplementedError
+    @pytest.fixture(params=["hdf5", "arrow"])
+    def path(self, request, shard_single):
+        return shard_single(request.param, self.storage)
+
+    @pytest.fixture(params=["hdf5", "arrow"])
+    def shards(self, request, shard_folders):
+        """``(decoder, [(columns, path) per shard])`` of the session's shard folder (1-sample shards included)."""
+        index = read_index(shard_folders(request.param, self.storage))
+        opened = [(read_packed(index.path(k))[0], index.path(k)) for k in range(index.num_shards)]
+        return decoder_for(index.metadata, index.root), opened
 
     @pytest.fixture
     def opened(self, path):
@@ -44,8 +54,8 @@ class DecoderContract:
 
     def test_names_exactly_the_options_its_batch_takes(self):
         assert set(self.decoder_class.read_options) == set(self.options)
-        batch_options = set(inspect.signature(self.decoder_class.batch).parameters) - {"self", "columns", "indices",
-                                                                                        "pin_memory"}
+        batch_options = set(inspect.signature(self.decoder_class.batch_parts).parameters) - {"self", "parts",
+                                                                                              "pin_memory"}
         assert batch_options == set(self.decoder_class.read_options)
 
     def test_refuses_an_option_it_does_not_name(self, opened):
@@ -83,6 +93,36 @@ class DecoderContract:
                 used = sum(part.numel() * part.element_size() for part in samples)
                 assert used <= decoder.max_batch_bytes(size, **options)
 
+    @pytest.mark.parametrize("layout", ["spanning", "unsorted", "duplicates", "one-sample shards"])
+    def test_batch_parts_equal_the_items_of_each_part(self, shards, layout):
+        decoder, opened = shards
+        sizes = [columns.num_samples for columns, _ in opened]
+        rows = {  # (shard, local rows) of each part, in batch order
+            "spanning": [(k, np.arange(n)) for k, n in enumerate(sizes)],
+            "unsorted": [(3, np.array([6, 0, 2])), (0, np.array([0])), (3, np.array([1])), (1, np.array([4, 1]))],
+            "duplicates": [(1, np.array([2, 2, 0])), (2, np.array([0])), (1, np.array([2])), (2, np.array([0, 0]))],
+            "one-sample shards": [(k, np.zeros(1, np.int64)) for k, n in enumerate(sizes) if n == 1],
+        }[layout]
+        parts = [Part(opened[k][0], local.astype(np.int64), opened[k][1]) for k, local in rows]
+        expected = [decoder.item(opened[k][0], int(row)) for k, local in rows for row in local]
+        for options in self.option_sets():
+            samples = decoder.batch_parts(parts, **options)
+            assert all(len(part) == len(expected) for part in samples)
+            for item, want in zip(decoder.unbatch(*samples), expected):
+                assert torch.equal(item, self.expected_item(want, options))
+
+    def test_one_part_is_the_batch_of_its_file(self, shards):
+        decoder, opened = shards
+        columns, path = max(opened, key=lambda shard: shard[0].num_samples)
+        indices = np.arange(columns.num_samples)[::-1].copy()
+        for a, b in zip(decoder.batch(columns, indices), decoder.batch_parts([Part(columns, indices, path)])):
+            assert torch.equal(a, b)
+
+    def test_no_parts_is_an_empty_batch(self, shards):
+        decoder, _ = shards
+        samples = decoder.batch_parts([])
+        assert all(len(part) == 0 for part in samples) and len(decoder.unbatch(*samples)) == 0
+
     def test_a_kept_batch_is_never_overwritten(self, opened):
         decoder, columns, num_samples = opened
         first = decoder.batch(columns, np.arange(3))
@@ -93,31 +133,30 @@ class DecoderContract:
 
 class TestRawImageDecoder(DecoderContract):
     decoder_class = RawImageDecoder
-
-    @pytest.fixture(params=["hdf5", "arrow"])
-    def path(self, request, packed_files):
-        return packed_files(request.param, "raw")
+    storage = "raw"
 
 
 class TestJpegImageDecoder(DecoderContract):
     decoder_class = JpegImageDecoder
+    storage = "jpeg"
     options = {"threads": [1, 3]}
-
-    @pytest.fixture(params=["hdf5", "arrow"])
-    def path(self, request, packed_files):
-        return packed_files(request.param, "jpeg")
 
 
 class TestTokenDecoder(DecoderContract):
     decoder_class = TokenDecoder
+    storage = "text"
     options = {"pad_to": [1, 5, 5000]}
-
-    @pytest.fixture(params=["hdf5", "arrow"])
-    def path(self, request, packed_text):
-        return packed_text(request.param)
 
     def expected_item(self, item, options):
         return item[: options.get("pad_to")]
+
+    def test_parts_are_padded_to_the_longest_of_all_parts(self, shards):
+        decoder, opened = shards
+        parts = [Part(columns, np.arange(columns.num_samples), path) for columns, path in opened]
+        tokens, lengths = decoder.batch_parts(parts)
+        longest = max(int(np.diff(columns.offsets).max()) for columns, _ in opened)
+        assert tokens.shape == (sum(len(part.indices) for part in parts), longest) and int(lengths.max()) == longest
+        assert len({int(np.diff(columns.offsets).max()) for columns, _ in opened}) > 1  # shards differ in width
 
 
 def test_an_unknown_kind_of_file_has_no_decoder():
