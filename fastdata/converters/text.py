@@ -422,6 +422,11 @@ def _write_shard_folder(root, settings, columns, metadata, truncated, kept, num_
     write_index(root, container, metadata, settings, shards)
 
 
+# NOTE [text shard cost]: a shard costs about 10 ms besides its bytes: ~5 ms to fsync it, the rest its
+# metadata (tokenizer with its vocabulary, length percentiles) and whole-file crc32. Measured on the 2-core VM
+# writing 10,000 synthetic reviews (5.4 MB of ids, 9k words) from memory, 3 runs, hdf5: one file 9-18 ms; one
+# shard 43-55 ms; 6 shards (1 MiB) 68-112 ms; 22 shards (256 KiB) 261-308 ms, 123-188 ms without fsync. The
+# whole conversion (tokenizing, 2 workers) took 3.5-7 s, single file and folder alike, within the VM's noise.
 def _flush_to_disk(path):
     """fsync ``path``: the index, written after, never names a shard that a power cut could lose."""
     with open(path, "rb") as f:

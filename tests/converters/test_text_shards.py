@@ -11,11 +11,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import FORMATS, folder_listing, one_error_line, run_cli
 
-from fastdata import convert_text
+from fastdata import convert_text, open_dataset
 from fastdata.errors import NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import read_packed
 from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index, shard_name
@@ -158,6 +159,24 @@ def test_bad_shard_options_are_refused_before_any_work(textshard_source, tmp_pat
 def test_shard_options_with_a_single_file_output_are_refused(textshard_source, tmp_path, options):
     with pytest.raises(OptionError, match="apply to a shard folder"):
         convert(textshard_source, tmp_path / "one.h5", **options)
+
+
+@pytest.mark.parametrize("container", list(FORMATS))
+def test_the_folder_reads_as_the_single_file_item_by_item_and_batch_by_batch(textshard_source, tmp_path, container):
+    single = open_dataset(convert(textshard_source, tmp_path / f"one{FORMATS[container]}", max_length=50).path)
+    folder = open_dataset(convert(textshard_source, tmp_path / "shards", max_length=50, format=container,
+                                  shard_size=700).path)
+    assert folder.num_shards > 5 and len(folder) == len(single) == 37
+    assert folder.metadata == {key: value for key, value in single.metadata.items() if key not in FILE_KEYS}
+    assert folder.classes == single.classes and folder.read_options == single.read_options
+    assert np.array_equal(folder.labels, single.labels) and np.array_equal(folder.lengths, single.lengths)
+    for index in range(-len(single), len(single)):
+        (a, label_a), (b, label_b) = folder[index], single[index]
+        assert torch.equal(a, b) and label_a == label_b, index
+    rng = np.random.default_rng(0)
+    for indices in [np.arange(37), rng.permutation(37)[:11], rng.integers(0, 37, 20), np.array([36, 0, 36])]:
+        for got, want in zip(folder.read_batch(indices, pad_to=64), single.read_batch(indices, pad_to=64)):
+            assert torch.equal(got, want)
 
 
 def test_a_shard_folders_tokenizer_converts_another_split_as_its_single_file_does(text_corpus, textshard_source,
