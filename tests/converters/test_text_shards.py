@@ -1,5 +1,6 @@
 """convert_text into a shard folder: the single file's columns, cut by size, and the folder appears whole."""
 
+import errno
 import glob
 import os
 import signal
@@ -17,9 +18,10 @@ from hypothesis import strategies as st
 from support import FORMATS, folder_listing, one_error_line, run_cli
 
 from fastdata import convert_text, open_dataset
-from fastdata.errors import NotFoundError, OptionError, OutputExistsError
+from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import read_packed
 from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index, shard_name
+from fastdata.measure.synthetic import make_reviews, write_text_file
 
 SAMPLE_BYTES = 16  # an int64 label and an int64 offset besides the ids
 PER_SAMPLE_KEYS = {"kind", "storage", "sample_shape", "sample_dtype", "classes", "tokenizer", "preprocessing"}
@@ -232,6 +234,21 @@ def test_cli_shard_size_with_a_single_file_is_one_error_line(text_corpus, tmp_pa
     result = run_cli("convert", "text", text_corpus / "train", tmp_path / "out.h5", "--shard-size", "1MB")
     assert result.exit_code == 1
     assert "apply to a shard folder" in one_error_line(result)
+
+
+def test_full_disk_while_writing_shards_is_reported_and_leaves_nothing(tmp_path, small_disk):
+    texts, labels = make_reviews(300, seed=5)
+    src = write_text_file(tmp_path / "reviews.jsonl", texts, labels)
+    probe = convert(src, tmp_path / "probe", shard_size=4096)
+    num_tokens = read_index(probe.path).metadata["lengths"]["num_tokens"]
+    folder_bytes = sum(os.path.getsize(os.path.join(probe.path, name)) for name in os.listdir(probe.path))
+    assert folder_bytes > 5 * num_tokens  # many shards: their files take more than the token staging
+    # Room for the staged ids (6 bytes a token while they are renumbered), not for those and every shard.
+    disk = small_disk(4 * num_tokens + folder_bytes // 2)
+    with pytest.raises(FastdataError, match="no space left on the device") as info:
+        convert(src, disk / "out", shard_size=4096)
+    assert info.value.__cause__.errno == errno.ENOSPC
+    assert folder_listing(disk) == []
 
 
 # ---------------------------------------------------------------- interrupted
