@@ -251,7 +251,7 @@ def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
     todo = [payload for index, payload in enumerate(inputs.payloads) if index not in inputs.reasons]
     tokenize = partial(_tokenize_input, spec_path=spec_path, read_file=inputs.format == "folder", build=build)
     words = {}  # word -> provisional id, numbered in input order
-    kept, skipped, truncated = [], [], []
+    kept, skipped, truncated = [], [], bytearray()  # one byte per kept sample
     with closing(ordered_map(tokenize, todo, workers=workers, progress=progress, unit="doc")) as results:
         for index, name in enumerate(inputs.names):
             result, cut, reason = (None, False, inputs.reasons[index]) if index in inputs.reasons else next(results)
@@ -267,7 +267,7 @@ def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
     if not kept:
         first = f" (first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
         raise SourceError(f"no usable text: all {len(inputs.names)} inputs were skipped{first}")
-    return kept, skipped, np.array(truncated, dtype=bool), words
+    return kept, skipped, np.frombuffer(truncated, dtype=bool), words
 
 
 def _provisional_ids(words, distinct, positions):

@@ -316,3 +316,24 @@ def test_interrupted_conversion_leaves_no_folder_and_the_next_run_cleans_up(text
     assert "a text conversion starts again from the first text" in result.stderr
     assert os.listdir(out.parent) == ["shards"]
     assert read_index(out).num_samples == 24
+
+
+def test_concurrent_conversions_to_one_folder_one_wins_the_other_fails_cleanly(text_corpus, textshard_source,
+                                                                                tmp_path):
+    out = tmp_path / "out" / "shards"
+    out.parent.mkdir()
+    first = start_slow_conversion(tmp_path, text_corpus / "train", out)
+    second = start_slow_conversion(tmp_path, textshard_source, out)
+    staged = os.path.join(glob.escape(os.fspath(out.parent)), ".shards.*.partial", "shards", shard_name(1, "hdf5"))
+    deadline = time.monotonic() + 120
+    while len(glob.glob(staged)) < 2:  # both are past their checks, writing shards
+        assert time.monotonic() < deadline, "timed out waiting for both conversions"
+        time.sleep(0.005)
+    results = [process.communicate(timeout=120)[1] for process in (first, second)]
+    codes = sorted(process.returncode for process in (first, second))
+    assert codes == [0, 1], results
+    loser = results[[first.returncode, second.returncode].index(1)]
+    assert "already exists (written by another process during this conversion)" in loser
+    assert os.listdir(out.parent) == ["shards"]
+    winner = text_corpus / "train" if first.returncode == 0 else textshard_source
+    assert read_index(out).metadata["source"]["path"] == os.fspath(winner)
