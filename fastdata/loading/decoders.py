@@ -95,7 +95,7 @@ class RawImageDecoder(_ImageDecoder):
         row = 0
         for columns, indices, _ in parts:  # each part straight into its rows of the one batch buffer
             # Indices are checked already; mode="clip" spares numpy a temporary copy.
-            np.take(columns.samples, indices, axis=0, out=out[row : row + len(indices)], mode="clip")
+            columns.samples.take(indices, axis=0, out=out[row : row + len(indices)], mode="clip")
             row += len(indices)
         images = torch.from_numpy(out)
         return (images.pin_memory() if pin_memory else images,)
