@@ -84,7 +84,7 @@ def convert():
 
 @convert.command("imagefolder")
 @click.argument("src", type=click.Path(file_okay=False))
-@click.argument("out", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path())
 @click.option("--size", default="64", show_default=True, help="Stored size: N (square) or HxW.")
 @click.option("--resize", type=click.Choice(RESIZE_MODES), default="crop", show_default=True,
               help="crop: cover then center-crop; pad: fit then pad; stretch: ignore aspect ratio.")
@@ -95,16 +95,39 @@ def convert():
 @click.option("--quality", type=click.IntRange(1, 100), default=90, show_default=True,
               help="JPEG quality with --storage jpeg.")
 @_conversion_options("Decoding", "an image that cannot be decoded")
+@click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
+              help="Shard folder OUT: container of the shard files [default: hdf5].")
+@click.option("--shard-size", type=_ByteSize(), default=None,
+              help="Shard folder OUT: bytes per shard file: 64MB, 256MiB, 1GB or plain bytes [default: 64MiB].")
+@click.option("--resume", is_flag=True, help="Shard folder OUT: finish an interrupted conversion, keeping its shards.")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Shard folder OUT: convert on the Dask cluster of this scheduler (tcp://HOST:8786); "
+                   "OUT must be a folder its workers see.")
+@click.option("--part", default=None, metavar="I/N",
+              help="Shard folder OUT: write only part I of N (shards k with k %% N == I); the last part to "
+                   "finish writes the index.")
 @_reports_errors
 def convert_imagefolder_command(src, out, size, resize, resample, storage, quality, workers, on_error, overwrite,
-                                quiet):
-    """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into OUT (.h5, .hdf5 or .arrow)."""
-    from fastdata.converters import convert_imagefolder
+                                quiet, container, shard_size, resume, dask_address, part):
+    """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into OUT: a .h5/.hdf5/.arrow file, or a shard folder.
 
-    report = convert_imagefolder(
-        src, out, size=_parse_size(size), resize=resize, resample=resample, storage=storage, quality=quality,
-        workers=workers, on_error=on_error, overwrite=overwrite, progress=not quiet,
-    )
+    Any OUT without one of those extensions is a shard folder: shard files of
+    about --shard-size bytes and index.json.
+    """
+    from fastdata.converters import convert_imagefolder
+    from fastdata.converters.shards import dask_client
+
+    client = dask_client(dask_address) if dask_address else None
+    try:
+        report = convert_imagefolder(
+            src, out, size=_parse_size(size), resize=resize, resample=resample, storage=storage, quality=quality,
+            workers=workers, on_error=on_error, overwrite=overwrite, progress=not quiet, format=container,
+            shard_size=shard_size, resume=resume, executor=client,
+            part=_parse_part(part),
+        )
+    finally:
+        if client is not None:
+            client.close()
     click.echo(str(report))
 
 
@@ -275,6 +298,16 @@ def _parse_duration(name, text):
     return seconds
 
 
+def _parse_part(text):
+    """Return ``"I/N"`` as ``(I, N)``; None for None."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not int(match[1]) < int(match[2]):
+        raise OptionError(f"--part should be I/N with 0 <= I < N (e.g. 0/4 for the first of 4 parts), got {text!r}")
+    return int(match[1]), int(match[2])
+
+
 def _parse_size(text):
     parts = text.lower().split("x")
     try:
@@ -284,6 +317,20 @@ def _parse_size(text):
     if len(sizes) not in (1, 2) or min(sizes) < 1:
         raise OptionError(f"--size should be N or HxW with positive integers, got {text!r}")
     return sizes[0] if len(sizes) == 1 else tuple(sizes)
+
+
+@main.command("index")
+@click.argument("root", type=click.Path(file_okay=False, exists=True))
+@_reports_errors
+def index_command(root):
+    """Write ROOT/index.json of a shard folder whose parts (--part i/n) have all finished.
+
+    Names the shards that are not finished yet, if any.
+    """
+    from fastdata.converters.shards import index_shards
+
+    metadata = index_shards(root)
+    click.echo(f"wrote {root}/index.json: {metadata['num_samples']} samples")
 
 
 @main.command("verify")

@@ -265,3 +265,44 @@ def shard_copy(tmp_path):
 
     return copy
 
+
+# ---------------------------------------------------------------- sharded image conversions
+
+
+_SHARDED_BYTES = {"raw": 5 * 3 * STORED_SIZE * STORED_SIZE, "jpeg": 4000}  # about 5 images of source_root a shard
+
+
+@pytest.fixture(scope="session")
+def sharded_options():
+    """Return ``options(container="hdf5", storage="raw") -> dict``: convert_imagefolder keywords, ~5 images a shard."""
+    def options(container="hdf5", storage="raw"):
+        return {"size": STORED_SIZE, "storage": storage, "format": container, "shard_size": _SHARDED_BYTES[storage],
+                "progress": False}
+
+    return options
+
+
+@pytest.fixture(scope="session")
+def sharded_cli_options():
+    """Return ``options(container="hdf5", storage="raw") -> list``: the same settings as ``fastdata convert`` takes."""
+    def options(container="hdf5", storage="raw"):
+        return ["--size", str(STORED_SIZE), "--storage", storage, "--format", container,
+                "--shard-size", str(_SHARDED_BYTES[storage]), "--quiet"]
+
+    return options
+
+
+@pytest.fixture(scope="session")
+def sharded_reference(source_root, sharded_options, tmp_path_factory):
+    """Return ``get(container, storage) -> folder``: ``source_root`` converted to shards on one process; read-only."""
+    folder = tmp_path_factory.mktemp("sharded")
+    cache = {}
+
+    def get(container="hdf5", storage="raw"):
+        if (container, storage) not in cache:
+            out = folder / f"{storage}-{container}"
+            convert_imagefolder(source_root, out, workers=1, **sharded_options(container, storage))
+            cache[container, storage] = out
+        return cache[container, storage]
+
+    return get

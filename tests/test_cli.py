@@ -110,10 +110,12 @@ def test_bad_size_is_one_error_line(source_root, tmp_path, size):
     assert os.listdir(tmp_path) == []
 
 
-def test_bad_extension_is_one_error_line(source_root, tmp_path):
+def test_file_output_without_a_packed_extension_is_one_error_line(source_root, tmp_path):
+    (tmp_path / "out.zip").write_bytes(b"keep me")  # OUT without .h5/.arrow is a shard folder, and this is a file
     result = run("convert", "imagefolder", source_root, tmp_path / "out.zip", "--quiet")
     assert result.exit_code == 1
     assert "extension" in one_error_line(result)
+    assert (tmp_path / "out.zip").read_bytes() == b"keep me"
 
 
 def test_empty_source_is_one_error_line(tmp_path):

@@ -1,7 +1,6 @@
 """Image folder -> packed file: one sub-folder per class, class index in sorted order."""
 
 import os
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -10,18 +9,26 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
-from PIL import Image
 
-from fastdata.codecs.images import ImageSpec, decode_jpeg, encode_jpeg, image_extensions, load_image
+from fastdata.codecs.images import ImageSpec, image_extensions
+from fastdata.converters.imageprep import (
+    PixelStats,
+    check_classes_kept,
+    close_c_stderr,
+    prepare_one,
+    sample_metadata,
+    source_metadata,
+)
+from fastdata.converters.imageshards import convert_to_shards
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.converters.shards import container_of, is_folder_output
 from fastdata.converters.staging import allocated_memmap, staged_output
 from fastdata.errors import OptionError, SourceError
 from fastdata.formats import Columns, write_packed
 
 STORAGE_MODES = ("raw", "jpeg")
 _OPEN_ROWS = {}  # staging file path -> np.memmap, per process (see NOTE [rows in place])
-_C_STDERR = {}  # process id -> scratch file for C libraries' messages (see NOTE [quiet C libraries])
 
 
 def find_images(root):
@@ -170,12 +177,19 @@ def convert_imagefolder(
     on_error: str = "skip",
     overwrite: bool = False,
     progress: bool = True,
+    format: str | None = None,
+    shard_size: int | None = None,
+    resume: bool = False,
+    executor=None,
+    part: tuple[int, int] | None = None,
 ) -> ConversionReport:
-    """Preprocess an image folder once into a packed ``.h5`` or ``.arrow`` file.
+    """Preprocess an image folder once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.
 
     Args:
         src: ImageFolder tree (``src/<class>/<image>``).
-        out: output path; its extension picks the format.
+        out: output path; its extension picks the format. Any other path is a
+            shard folder (see fastdata.converters.shards): shard files of about
+            ``shard_size`` bytes in the container ``format``, and ``index.json``.
         size: stored size, an int (square) or ``(height, width)``.
         resize: "crop", "pad" or "stretch" (see ImageSpec).
         resample: Pillow filter name ("bilinear", "bicubic", "lanczos", "nearest").
@@ -186,12 +200,21 @@ def convert_imagefolder(
             it, or "raise" SampleError.
         overwrite: replace an existing ``out``.
         progress: show a progress bar (only on a terminal).
+        format: shard folder: "hdf5" (default) or "arrow".
+        shard_size: shard folder: bytes per shard [default: DEFAULT_SHARD_BYTES, 64 MiB].
+        resume: shard folder: finish an interrupted conversion of the same settings,
+            keeping its intact shards.
+        executor: shard folder: run the shards on this ``concurrent.futures.Executor``
+            or ``dask.distributed.Client`` instead of ``workers`` local processes.
+        part: shard folder: ``(i, n)``: write only shards ``k`` with ``k % n == i``; the
+            part that finds every shard done writes the index.
 
     Returns:
-        ConversionReport.
+        ConversionReport (``path``: the file or the shard folder).
 
     Example:
         >>> convert_imagefolder("photos/train", "train.h5", size=64)
+        >>> convert_imagefolder("imagenet/train", "train-shards", size=64, shard_size=64 << 20)
     """
     started = time.perf_counter()
     height, width = (size, size) if isinstance(size, int) else size
@@ -200,15 +223,24 @@ def convert_imagefolder(
     check_choice("on_error", on_error, ON_ERROR)
     if not 1 <= quality <= 100:
         raise OptionError(f"quality should be in 1..100, got quality={quality}")
+    container = container_of(out, format)
+    if not is_folder_output(out) and (shard_size, resume, executor, part) != (None, False, None, None):
+        raise OptionError(f"shard_size, resume, executor and part need a shard folder, not the file {out!r}; "
+                          "give OUT without an extension")
     found = _scan_images(src)
     classes, paths, labels = found.classes, found.paths, found.labels
     unreadable = _apply_on_error_to_folders(found.unreadable, on_error)
+    if is_folder_output(out):
+        return convert_to_shards(
+            src, out, found, spec, storage, quality, on_error, started, container=container, overwrite=overwrite,
+            shard_size=shard_size, resume=resume, executor=executor, part=part, workers=workers, progress=progress,
+        )
     with staged_output(out, overwrite) as (staging, staged_path):
         sink = _RawSink(staging, len(paths), spec) if storage == "raw" else _JpegSink(staging)
         prepare = partial(_prepare_image, spec=spec, storage=storage, quality=quality, rows=sink.rows)
         tasks = [(index, os.path.join(src, path)) for index, path in enumerate(paths)]
         # Decode, preprocess and encode every image, in input order.
-        kept, skipped, stats = [], list(unreadable), _PixelStats()
+        kept, skipped, stats = [], list(unreadable), PixelStats()
         try:
             with closing(ordered_map(prepare, tasks, workers=workers, progress=progress, unit="img")) as results:
                 for index, (ok, payload, sums, reason) in enumerate(results):
@@ -221,27 +253,17 @@ def convert_imagefolder(
                     kept.append(index)
         finally:
             _OPEN_ROWS.clear()  # this process's maps of the staging file (workers=1)
-            _close_c_stderr()
+            close_c_stderr()
         # Check every class kept an image, then write labels and metadata.
         kept_labels = labels[kept]
         class_counts = np.bincount(kept_labels, minlength=len(classes))
-        _check_classes_kept(classes, class_counts, src, skipped)
+        check_classes_kept(classes, class_counts, src, skipped)
         metadata = {
-            "kind": "image",
-            "storage": storage,
+            **sample_metadata(classes, spec, storage, quality),
             "num_samples": len(kept),
-            "sample_shape": [3, height, width],
-            "sample_dtype": "uint8",
-            "classes": classes,
             "class_counts": class_counts.tolist(),
             **stats.mean_std(),
-            "preprocessing": {
-                **spec.to_dict(),
-                "quality": quality if storage == "jpeg" else None,
-                "exif_transpose": True,
-                "jpeg_draft": True,
-            },
-            "source": {"root": os.path.abspath(src), "num_inputs": len(paths), "ignored": found.ignored},
+            "source": source_metadata(src, found),
             "skipped": [{"path": path, "reason": reason} for path, reason in skipped],
         }
         write_packed(staged_path, sink.columns(kept_labels), metadata)
@@ -269,60 +291,11 @@ def _prepare_image(task, spec, storage, quality, rows):
     the payload is None; for jpeg storage the payload is the JPEG bytes.
     """
     index, path = task
-    try:
-        pixels = _load_image_quietly(path, spec)
-    except Exception as exc:  # any decoder failure means this input is unusable
-        return False, None, None, f"{type(exc).__name__}: {exc}{_c_library_said()}"
-    if storage == "jpeg":
-        payload = encode_jpeg(pixels, quality)
-        pixels = decode_jpeg(payload)  # statistics of what is stored
-        return True, payload, _channel_sums(pixels), None
-    _open_rows(*rows)[index] = pixels.transpose(2, 0, 1)
-    return True, None, _channel_sums(pixels), None
-
-
-def _load_image_quietly(path, spec):
-    """Return ``load_image(path, spec)``, with what C libraries print meanwhile kept off the terminal.
-
-    NOTE [quiet C libraries]: libtiff prints its warnings and errors straight
-    to file descriptor 2 (``TIFFFetchNormalTag: ...``, ``Fax4Decode: Bad code
-    word ...``), dozens of lines per odd TIFF around the progress bar, and
-    Pillow has no hook for its handlers. So while an image decodes, fd 2
-    points at a scratch file of this process: its text is dropped when the
-    image is usable and its last line joins the skip reason when it is not
-    (_c_library_said). Python's own stderr is untouched between images.
-    Cost: 6 us per image for the redirection (measured with timeit on this
-    2-core machine), against ~2 ms to load a 500x375 JPEG at 64x64.
-    """
-    scratch = _C_STDERR.get(os.getpid())
-    if scratch is None:
-        scratch = _C_STDERR[os.getpid()] = tempfile.TemporaryFile()
-    if os.lseek(scratch.fileno(), 0, os.SEEK_CUR):  # the last image's messages
-        os.ftruncate(scratch.fileno(), 0)
-        os.lseek(scratch.fileno(), 0, os.SEEK_SET)
-    saved = os.dup(2)
-    os.dup2(scratch.fileno(), 2)
-    try:
-        return load_image(path, spec)
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _close_c_stderr():
-    scratch = _C_STDERR.pop(os.getpid(), None)
-    if scratch is not None:
-        scratch.close()
-
-
-def _c_library_said():
-    """Return ``" (C library: <last line>)"`` from the last quiet decode in this process, or ""."""
-    scratch = _C_STDERR.get(os.getpid())
-    size = os.lseek(scratch.fileno(), 0, os.SEEK_CUR) if scratch is not None else 0
-    if not size:
-        return ""
-    lines = os.pread(scratch.fileno(), min(size, 4096), max(0, size - 4096)).decode(errors="replace").splitlines()
-    return f" (C library: {lines[-1].strip()})" if lines else ""
+    ok, payload, sums, reason = prepare_one(path, spec, storage, quality)
+    if ok and storage == "raw":
+        _open_rows(*rows)[index] = payload.transpose(2, 0, 1)
+        payload = None
+    return ok, payload, sums, reason
 
 
 def _open_rows(path, shape):
@@ -330,52 +303,6 @@ def _open_rows(path, shape):
     if path not in _OPEN_ROWS:
         _OPEN_ROWS[path] = np.memmap(path, mode="r+", dtype=np.uint8, shape=shape)
     return _OPEN_ROWS[path]
-
-
-def _channel_sums(pixels):
-    """Return ``(pixel count, per-channel sums, per-channel sums of squares)`` of uint8 ``[H, W, 3]``.
-
-    Exact integers from Pillow's 256-bin histogram per channel: measured
-    0.07 ms at 224x224 against 0.21 ms for three np.bincount calls and
-    2.5 ms for summing int64 copies of the pixels.
-    """
-    counts = np.asarray(Image.fromarray(pixels, "RGB").histogram(), dtype=np.int64).reshape(3, 256)
-    values = np.arange(256, dtype=np.int64)
-    return pixels.shape[0] * pixels.shape[1], (counts @ values).tolist(), (counts @ (values * values)).tolist()
-
-
-def _check_classes_kept(classes, class_counts, root, skipped):
-    empty = [name for name, count in zip(classes, class_counts) if count == 0]
-    if empty:
-        raise SourceError(
-            f"class folder(s) {empty} in {root!r} have no usable image "
-            f"({len(skipped)} images skipped, first: {skipped[0][0]}: {skipped[0][1]}); "
-            "fix or remove those folders"
-        )
-
-
-class _PixelStats:
-    """Exact integer per-channel sums of stored pixels, so the result is order-free."""
-
-    def __init__(self):
-        self.pixels, self.sums, self.squares = 0, np.zeros(3, object), np.zeros(3, object)
-
-    def add(self, stats):
-        pixels, sums, squares = stats
-        self.pixels += pixels
-        self.sums += np.asarray(sums, object)
-        self.squares += np.asarray(squares, object)
-
-    def mean_std(self):
-        """Return per-channel mean and std on the 0..1 scale (as ToTensor gives)."""
-        if not self.pixels:
-            return {"mean": None, "std": None}
-        mean = [float(s) / self.pixels for s in self.sums]
-        variance = [float(q) / self.pixels - m * m for q, m in zip(self.squares, mean)]
-        return {
-            "mean": [round(m / 255, 6) for m in mean],
-            "std": [round(max(v, 0.0) ** 0.5 / 255, 6) for v in variance],
-        }
 
 
 class _RawSink:

@@ -30,6 +30,7 @@ from fastdata import ConversionReport, FastdataError, SampleError, SourceError, 
 from fastdata.codecs.images import ImageSpec
 from fastdata.converters import find_images
 from fastdata.formats import read_packed
+from fastdata.formats.shards import is_shard_folder
 
 SPEC = ImageSpec(STORED_SIZE, STORED_SIZE)
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -678,10 +679,10 @@ def test_existing_output_is_replaced_with_overwrite(source_root, tmp_path, fmt):
 
 
 @pytest.mark.parametrize("name", ["out.npz", "out", "out.h5.tmp", "out.parquet"])
-def test_bad_output_extension(source_root, tmp_path, name):
-    with pytest.raises(ValueError, match="extension"):
-        convert(source_root, tmp_path / name)
-    assert os.listdir(tmp_path) == []
+def test_output_without_a_packed_extension_is_a_shard_folder(source_root, tmp_path, name):
+    convert(source_root, tmp_path / name)
+    assert is_shard_folder(tmp_path / name)
+    assert os.listdir(tmp_path) == [name]
 
 
 def test_uppercase_and_hdf5_extensions_are_accepted(source_root, tmp_path):

@@ -1,0 +1,417 @@
+"""Sharded conversion: a plan of independent tasks "inputs [a, b) -> shard k", run on any engine, resumable.
+
+While it is written, a shard folder holds besides its finished shards::
+
+    OUT/.fastdata/plan.json         what is converted, with which settings, how many inputs per shard
+    OUT/.fastdata/shard-00003.json  the record of a finished task (see NOTE [shard records])
+    OUT/.fastdata/lock              flock'd by the conversion writing OUT (see NOTE [one writer])
+    OUT/.shard-00003.<owner>.partial.h5  a shard being written
+
+and gets ``OUT/index.json`` last, once every task has its record. The
+converters build the tasks and say what a shard holds; this module owns the
+folder, the plan, the records, the engines and the index.
+"""
+
+import errno
+import fcntl
+import importlib
+import json
+import os
+import re
+import shutil
+import signal
+from concurrent.futures import as_completed
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+
+import numpy as np
+
+from fastdata._cpu import usable_cpus
+from fastdata._optional import require
+from fastdata.converters.parallel import _ProgressBar, _start_pool
+from fastdata.converters.staging import _FULL, _owner
+from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
+from fastdata.formats import format_of, write_packed
+from fastdata.formats.shards import (
+    CONTAINER_EXTENSIONS,
+    INDEX_NAME,
+    file_checksum,
+    shard_name,
+    sync_folder,
+    write_index,
+    write_json_atomically,
+)
+
+# NOTE [default shard size]: 64 MiB, as Mosaic Streaming and LitData use.
+# Boundaries may not depend on the number of workers, so a set smaller than
+# one shard converts on one process.
+DEFAULT_SHARD_BYTES = 64 << 20
+STATE_FOLDER = ".fastdata"
+PLAN_NAME = "plan.json"
+_PARTIAL = re.compile(r"\.shard-(\d+)\.[0-9a-f]{8}-\d+-\d+\.partial\.(h5|arrow)")
+_SHARD = re.compile(r"shard-\d+\.(h5|arrow)")
+# plan kind -> (module, function(plan, records) -> the dataset metadata of the index)
+_METADATA_OF = {"image": ("fastdata.converters.imageshards", "shard_folder_metadata")}
+
+
+def is_folder_output(out):
+    """Return whether ``out`` names a shard folder: any path without a packed-file extension."""
+    try:
+        format_of(out)
+    except FastdataError:
+        return True
+    return False
+
+
+def container_of(out, format):
+    """Return the container ("hdf5", "arrow") of output ``out`` given ``format`` (None: by extension, or hdf5)."""
+    if not is_folder_output(out):
+        found = format_of(out)
+        if format not in (None, found):
+            raise OptionError(f"format={format!r} disagrees with the extension of {os.fspath(out)!r} ({found})")
+        return found
+    if format not in (None, *CONTAINER_EXTENSIONS):
+        raise OptionError(f"format should be one of {tuple(CONTAINER_EXTENSIONS)}, got format={format!r}")
+    return format or "hdf5"
+
+
+def samples_per_shard(shard_size, sample_bytes):
+    """Return how many samples of about ``sample_bytes`` fill ``shard_size`` bytes (at least 1)."""
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
+        raise OptionError(f"shard_size should be a positive number of bytes, got shard_size={shard_size!r}")
+    return max(1, shard_size // max(1, int(sample_bytes)))
+
+
+def task_bounds(num_inputs, per_shard):
+    """Return int64 ``[S + 1]``: task ``k`` converts sorted inputs ``bounds[k]:bounds[k + 1]``."""
+    return np.append(np.arange(0, num_inputs, per_shard, dtype=np.int64), np.int64(num_inputs))
+
+
+def part_tasks(num_tasks, part):
+    """Return the task numbers that ``part=(i, n)`` runs: each ``k`` with ``k % n == i`` (all for None)."""
+    if part is None:
+        return list(range(num_tasks))
+    i, n = part
+    if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
+        raise OptionError(f"part should be (i, n) with 0 <= i < n, got part={part!r}")
+    return list(range(i, num_tasks, n))
+
+
+# ---------------------------------------------------------------- in a worker: one shard, written straight
+
+
+def write_shard(root, number, container, columns, metadata):
+    """Write shard ``number`` of ``root`` under a hidden name, flush it to disk, rename it; return its facts.
+
+    Returns:
+        ``{"name", "bytes", "crc32"}`` of the finished file.
+    """
+    name = shard_name(number, container)
+    ext = CONTAINER_EXTENSIONS[container]
+    host, pid, start = _owner(os.getpid())
+    partial = os.path.join(root, f".{name[: -len(ext)]}.{host}-{pid}-{start}.partial{ext}")
+    try:
+        write_packed(partial, columns, metadata)
+        with open(partial, "rb+") as f:
+            os.fsync(f.fileno())
+        facts = {"name": name, "bytes": os.path.getsize(partial), "crc32": file_checksum(partial)}
+        os.replace(partial, os.path.join(root, name))
+        sync_folder(root)
+    except BaseException:
+        _remove(partial)
+        raise
+    return facts
+
+
+def save_record(root, number, record):
+    """Write task ``number``'s record (NOTE [shard records]), after its shard; return the record."""
+    write_json_atomically(_record_path(root, number), record)
+    return record
+
+
+def _record_path(root, number):
+    return os.path.join(root, STATE_FOLDER, f"shard-{number:05d}.json")
+
+
+# ---------------------------------------------------------------- in the driver: the folder
+
+
+class ShardFolder:
+    """A shard folder being written: its plan, its records, its stale partial shards.
+
+    NOTE [shard records]: a task's record (``.fastdata/shard-00003.json``)
+    holds its input range, sample count, shard file name, size and crc32,
+    and what the index needs from it (class counts, pixel sums, skipped
+    inputs). It is written after the shard is renamed into place, so a
+    record always names a complete file; a shard without a record (killed
+    between the two) is redone. Resume keeps a shard whose record matches the
+    plan and whose file has the recorded size and crc32.
+    """
+
+    def __init__(self, root, container, part):
+        self.root, self.container, self.part = root, container, part
+        self.state = os.path.join(root, STATE_FOLDER)
+        self.plan, self.done = None, False
+
+    def write_plan(self, plan):
+        self.plan = json.loads(json.dumps(plan))
+        write_json_atomically(os.path.join(self.state, PLAN_NAME), plan)
+
+    def kept_record(self, number, start, stop):
+        """Return task ``number``'s record if its shard is complete and intact, else None."""
+        record = _read_json(_record_path(self.root, number))
+        if record is None or record.get("inputs") != [start, stop]:
+            return None
+        if record["num_samples"]:
+            path = os.path.join(self.root, record["name"])
+            if not os.path.isfile(path) or os.path.getsize(path) != record["bytes"]:
+                return None
+            if file_checksum(path) != record["crc32"]:
+                return None
+        return record
+
+    def remove_partials(self, numbers=None):
+        """Remove partial shards: of task ``numbers``, or all of them (None)."""
+        wanted = None if numbers is None else set(numbers)
+        for name in os.listdir(self.root):
+            match = _PARTIAL.fullmatch(name)
+            if match and (wanted is None or int(match[1]) in wanted):
+                _remove(os.path.join(self.root, name))
+
+    def _clear(self):
+        """Remove a previous conversion: the index first, so nothing half-removed looks finished."""
+        _remove(os.path.join(self.root, INDEX_NAME))
+        sync_folder(self.root)
+        for name in os.listdir(self.root):
+            if _SHARD.fullmatch(name) or _PARTIAL.fullmatch(name):
+                _remove(os.path.join(self.root, name))
+        for name in os.listdir(self.state):
+            if not name.endswith(".lock") and name != "lock":
+                _remove(os.path.join(self.state, name))
+
+
+@contextmanager
+def open_shard_folder(out, settings, *, container, resume=False, overwrite=False, part=None):
+    """Yield the ShardFolder ``out``, locked for this conversion and checked against ``settings``.
+
+    ``folder.plan`` is the recorded plan when one is continued, ``folder.done``
+    whether ``out`` is already a finished shard folder of these settings.
+    A ``part`` joins a conversion of the same settings (and resumes its own tasks).
+
+    Raises:
+        OutputExistsError: ``out`` holds a conversion and neither ``resume`` nor ``overwrite``
+            was given, holds other files, or another conversion is writing it.
+        OptionError: ``resume`` (or ``part``) with settings other than the recorded ones.
+        NotFoundError: the folder holding ``out`` does not exist.
+    """
+    root = os.path.abspath(os.fspath(out))
+    _check_folder(root)
+    folder = ShardFolder(root, container, part)
+    settings = json.loads(json.dumps(settings))
+    with _locked(folder):
+        recorded = _read_json(os.path.join(root, INDEX_NAME)) or _read_json(os.path.join(folder.state, PLAN_NAME))
+        if recorded is not None and overwrite:
+            folder._clear()
+        elif recorded is not None:
+            _check_continue(root, recorded, settings, resume or part is not None)
+            folder.plan = recorded if "samples_per_shard" in recorded else None
+            folder.done = "shards" in recorded
+        if part is None:
+            folder.remove_partials()
+        yield folder
+
+
+def _check_folder(root):
+    """Refuse an output that is a file, holds foreign files, or whose folder does not exist."""
+    parent = os.path.dirname(root)
+    if not os.path.isdir(parent):
+        raise NotFoundError(f"output folder {parent!r} does not exist")
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise OutputExistsError(f"{root!r} is a file; a shard folder needs a new or empty folder "
+                                "(or give OUT an extension, .h5 or .arrow, for one file)")
+    names = os.listdir(root) if os.path.isdir(root) else []
+    if names and INDEX_NAME not in names and STATE_FOLDER not in names:
+        raise OutputExistsError(f"{root!r} holds other files ({names[0]!r}, ...), not a fastdata shard folder; "
+                                "choose a new or empty folder")
+    try:
+        os.makedirs(os.path.join(root, STATE_FOLDER), exist_ok=True)
+    except OSError as exc:
+        raise FastdataError(f"cannot create the shard folder {root!r} ({exc.strerror}); "
+                            "make its folder writable or choose another one") from exc
+
+
+@contextmanager
+def _locked(folder):
+    """Hold OUT's lock: exclusive for a whole conversion, shared (plus its own part's) for a part.
+
+    NOTE [one writer]: two conversions into one OUT would delete each
+    other's partial shards and mix their records; the second is refused.
+    Parts of one conversion share the folder lock and each holds its own
+    part's lock. flock is released by the kernel when the holder dies, so a
+    killed conversion never leaves a stale lock.
+    """
+    names = ["lock"] if folder.part is None else ["lock", f"part-{folder.part[0]}-of-{folder.part[1]}.lock"]
+    modes = [fcntl.LOCK_EX] if folder.part is None else [fcntl.LOCK_SH, fcntl.LOCK_EX]
+    files = []
+    try:
+        for name, mode in zip(names, modes):
+            files.append(open(os.path.join(folder.state, name), "a"))
+            try:
+                fcntl.flock(files[-1].fileno(), mode | fcntl.LOCK_NB)
+            except BlockingIOError as exc:
+                who = "this part" if name != "lock" else "it"
+                raise OutputExistsError(f"another conversion is writing {folder.root!r} right now; wait for "
+                                        f"{who} to finish or stop it") from exc
+        yield
+    finally:
+        for f in files:
+            f.close()
+
+
+def _check_continue(root, recorded, settings, resume):
+    """Refuse to continue a recorded conversion without ``resume`` or with other settings."""
+    finished = "shards" in recorded
+    if not resume:
+        what = "a finished shard folder" if finished else "an unfinished conversion"
+        hint = "" if finished else "pass --resume (resume=True) to finish it, or "
+        raise OutputExistsError(f"{root!r} is {what}; {hint}pass --overwrite (overwrite=True) to replace it")
+    old = recorded.get("settings", {})
+    differ = [key for key in sorted(set(old) | set(settings)) if old.get(key) != settings.get(key)]
+    if differ:
+        said = "; ".join(f"{key}: recorded {old.get(key)!r}, now {settings.get(key)!r}" for key in differ)
+        raise OptionError(f"cannot resume {root!r} with other settings ({said}); convert with the recorded "
+                          "settings, or pass --overwrite (overwrite=True) to start again")
+
+
+# ---------------------------------------------------------------- the engines
+
+
+def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, unit="img"):
+    """Run ``fn(task)`` for each of ``tasks``; return the results in the order they finish.
+
+    Args:
+        fn: a picklable top-level function.
+        tasks: picklable task descriptions.
+        sizes: inputs per task, for the progress bar.
+        executor: a ``concurrent.futures.Executor`` or a ``dask.distributed.Client``;
+            None: a local pool of ``workers`` processes (in this process for 1).
+        workers: local processes; default all usable cores.
+    """
+    workers = usable_cpus() if workers is None else workers
+    if workers < 1:
+        raise OptionError(f"workers should be a positive integer, got workers={workers}")
+    if hasattr(executor, "get_executor"):  # a dask.distributed Client
+        executor = executor.get_executor()
+    pool = None
+    if executor is None and workers > 1 and len(tasks) > 1:
+        pool = executor = _start_pool(min(workers, len(tasks)))  # before the bar's thread (NOTE [worker start])
+    bar = _ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True, dynamic_ncols=True)
+    with bar:
+        if executor is None:
+            return [_counted(fn(task), bar, size) for task, size in zip(tasks, sizes)]
+        futures = {executor.submit(fn, task): size for task, size in zip(tasks, sizes)}
+        try:
+            return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
+        except BrokenProcessPool as exc:
+            raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
+                                "shards are kept. Run again with --resume, with fewer --workers if memory "
+                                "is short.") from exc
+        finally:
+            for future in futures:
+                future.cancel()
+            if pool is not None:
+                _stop_pool(pool)
+
+
+def _counted(result, bar, size):
+    bar.update(size)
+    return result
+
+
+def _stop_pool(pool):
+    """Stop the pool's workers now, mid-shard: a stopped conversion does not wait for its shards."""
+    for pid in list(getattr(pool, "_processes", None) or {}):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def dask_client(address):
+    """Return a ``dask.distributed.Client`` connected to the scheduler at ``address``."""
+    distributed = require("distributed", "dask", "converting on a Dask cluster (--dask)")
+    try:
+        return distributed.Client(address, timeout=30)
+    except OSError as exc:
+        raise FastdataError(f"cannot reach the Dask scheduler at {address!r} ({exc}); check the address") from exc
+
+
+def disk_full(exc, root):
+    """Return a FastdataError for a full disk while writing ``root``, or None if ``exc`` is something else."""
+    if not isinstance(exc, OSError) or not (exc.errno in _FULL or f"errno = {errno.ENOSPC}" in str(exc)):
+        return None
+    return FastdataError(f"no space left on the device while writing {root!r}; the finished shards are kept. "
+                         "Free some space and run the conversion again with --resume.")
+
+
+# ---------------------------------------------------------------- the index
+
+
+def index_shards(root, missing_ok=False):
+    """Write ``root/index.json`` from the plan and the task records; return the index's metadata.
+
+    Args:
+        root: a shard folder whose tasks have all finished.
+        missing_ok: return None instead of raising when some tasks have not finished.
+
+    Raises:
+        FastdataError: some shards are not finished (named), or ``root`` holds no conversion plan.
+    """
+    root = os.path.abspath(os.fspath(root))
+    plan = _read_json(os.path.join(root, STATE_FOLDER, PLAN_NAME))
+    if plan is None:
+        raise NotFoundError(f"{root!r} holds no conversion plan ({STATE_FOLDER}/{PLAN_NAME}); "
+                            "it is not a shard folder being converted")
+    bounds = task_bounds(plan["num_inputs"], plan["samples_per_shard"])
+    records, missing = [], []
+    for number in range(len(bounds) - 1):
+        record = _read_json(_record_path(root, number))
+        complete = record is not None and (not record["num_samples"] or _has_size(root, record))
+        records.append(record)
+        if not complete:
+            missing.append(shard_name(number, plan["container"]))
+    if missing:
+        if missing_ok:
+            return None
+        listed = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise FastdataError(f"{root!r}: {len(missing)} of {len(bounds) - 1} shards are not finished ({listed}); "
+                            "run the conversion (or its missing parts) again with --resume")
+    module, name = _METADATA_OF[plan["kind"]]
+    metadata = getattr(importlib.import_module(module), name)(plan, records)
+    shards = [{key: r[key] for key in ("name", "num_samples", "bytes", "crc32")} for r in records if r["num_samples"]]
+    write_index(root, plan["container"], metadata, plan["settings"], shards)
+    return metadata
+
+
+def _has_size(root, record):
+    path = os.path.join(root, record["name"])
+    return os.path.isfile(path) and os.path.getsize(path) == record["bytes"]
+
+
+def _read_json(path):
+    """Return the JSON value in ``path``, or None if there is none."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):  # missing, or not a whole record: its task is redone
+        return None
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path, ignore_errors=True)
