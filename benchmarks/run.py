@@ -21,7 +21,10 @@ NOTE [zygote] in fresh.py):
   on the same preprocessed samples (rows skipped when missing);
 * sweeps: num_workers, batch_size, prefetch_factor, pin_memory;
 * memory: per-worker memory over an epoch of a million samples, fork and spawn;
-* coldcache: first epochs with the files dropped from the page cache.
+* coldcache: first epochs with the files dropped from the page cache;
+* shards: an ImageNet-like folder (200,000 images) converted to shard folders
+  (Pool baseline, 1 vs 2 processes, Dask, peak disk and RSS, --resume after
+  a kill), loaded from one, and LitData's optimize on the same input.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -40,11 +43,12 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     # Import the suite as benchmarks.*, from the repository: none of its modules shadows another.
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache")
+SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
-        "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000}
+        "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
+        "shard_compare": 10_000}
 QUICK = {"num_images": 200, "sizes": "64,224", "repeats": 1, "process_repeats": 1, "min_seconds": 0.05,
-         "text_docs": 600, "memory_samples": 20_000, "tiny_images": 200}
+         "text_docs": 600, "memory_samples": 20_000, "tiny_images": 200, "shard_images": 300, "shard_compare": 200}
 
 
 def parse_args(argv=None):
@@ -62,6 +66,9 @@ def parse_args(argv=None):
     parser.add_argument("--min-seconds", type=float, help="shortest timed pass in seconds (default 0.25)")
     parser.add_argument("--text-docs", type=int, help="reviews in the text corpus (default 10000; --quick 600)")
     parser.add_argument("--memory-samples", type=int, help="samples of the memory section (default 1000000)")
+    parser.add_argument("--shard-images", type=int, help="images of the shards section's big source (default 200000)")
+    parser.add_argument("--shard-compare", type=int,
+                        help="images of the shards section's comparisons, resume and loading (default 10000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the shuffles")
     parser.add_argument("--workdir", default=os.path.join(RESULTS, "tmp"), help="cache of data and packed files")
     parser.add_argument("--out-dir", help="where results.json, results.md and the plots go")
@@ -79,7 +86,8 @@ def parse_args(argv=None):
         parser.error(f"--only: unknown sections {unknown}; choose from {','.join(SECTIONS)}")
     if args.out_dir is None:
         args.out_dir = os.path.join(RESULTS, "tmp", "quick") if args.quick else RESULTS
-    for name in ("num_images", "batch_size", "workers", "repeats", "process_repeats", "text_docs", "memory_samples"):
+    for name in ("num_images", "batch_size", "workers", "repeats", "process_repeats", "text_docs", "memory_samples",
+                 "shard_images", "shard_compare"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} should be a positive integer, got {getattr(args, name)}")
     return args
@@ -88,7 +96,7 @@ def parse_args(argv=None):
 def config_of(args):
     """Return the plain dict every section gets (it travels to the measuring processes)."""
     keys = ("quick", "num_images", "sizes", "batch_size", "workers", "repeats", "process_repeats", "min_seconds",
-            "text_docs", "memory_samples", "tiny_images", "seed", "workdir")
+            "text_docs", "memory_samples", "tiny_images", "shard_images", "shard_compare", "seed", "workdir")
     config = {key: getattr(args, key) for key in keys}
     config["workdir"] = os.path.abspath(config["workdir"])
     return config

@@ -79,7 +79,7 @@ class Peaks:
         driver_rss: RSS of the watched process.
         worker_rss: RSS of its largest descendant (a worker) at any reading.
         total_rss: RSS of the process and all its descendants together.
-        workers: most descendants seen at once.
+        descendants: most descendants (workers) seen at once.
         readings: readings taken.
     """
 
@@ -88,7 +88,7 @@ class Peaks:
     driver_rss: int = 0
     worker_rss: int = 0
     total_rss: int = 0
-    workers: int = 0
+    descendants: int = 0
     readings: int = 0
 
     def add(self, usage, rss):
@@ -98,7 +98,7 @@ class Peaks:
             self.driver_rss = max(self.driver_rss, own)
             self.worker_rss = max(self.worker_rss, *children, 0)
             self.total_rss = max(self.total_rss, own + sum(children))
-            self.workers = max(self.workers, len(children))
+            self.descendants = max(self.descendants, len(children))
         self.readings += 1
 
     def to_dict(self):

@@ -80,18 +80,23 @@ def make_imagefolder(root, num_classes=4, per_class=25, size=(500, 375), seed=0,
 def make_imagenet_like(root, num_images, classes=1000, distinct=3000, seed=0, quality=90):
     """Write an ImageNet-like ImageFolder of ``num_images`` varied JPEGs, mostly hard links; return ``root``.
 
-    ``distinct`` photos of ``make_imagefolder(vary=True, jpeg_only=True)``
-    (sizes around 500x375, aspect ratios 1:4 to 4:1, RGB, L and CMYK) are
-    written once, then linked as ``root/class_k/img_j.jpg``, the images
-    spread evenly over ``classes`` folders. See NOTE [linked photos].
+    ``distinct`` photo-like JPEGs of ImageNet's shapes (``_imagenet_size``:
+    mean about 500x400, aspect ratios 1:2 to 2:1, four in five landscape;
+    eight in ten RGB, one L, one CMYK) are written once, then linked as
+    ``root/class_kkkk/img_jjjjj.jpg``, spread evenly over ``classes``
+    folders. See NOTE [linked photos].
     """
     if not 1 <= classes <= num_images or distinct < 1:
         raise ValueError(f"need 1 <= classes <= num_images and distinct >= 1, got classes={classes}, "
                          f"num_images={num_images}, distinct={distinct}")
-    root = os.fspath(root)
+    root, rng = os.fspath(root), np.random.default_rng(seed)
     pool = root + ".distinct"  # a sibling, so that the tree holds nothing but its classes
-    make_imagefolder(pool, 1, min(distinct, num_images), seed=seed, quality=quality, vary=True, jpeg_only=True)
-    sources = sorted(os.path.join(pool, "class_0", name) for name in os.listdir(os.path.join(pool, "class_0")))
+    os.makedirs(pool, exist_ok=True)
+    sources = []
+    for index in range(min(distinct, num_images)):
+        sources.append(os.path.join(pool, f"photo_{index:05d}.jpg"))
+        img = make_photo(rng, *_imagenet_size(rng))
+        img.convert(_IMAGENET_MODES[index % len(_IMAGENET_MODES)]).save(sources[-1], "JPEG", quality=quality)
     counts = np.bincount(np.arange(num_images) % classes, minlength=classes)
     number = 0
     for label, count in enumerate(counts.tolist()):
@@ -104,8 +109,19 @@ def make_imagenet_like(root, num_images, classes=1000, distinct=3000, seed=0, qu
     return root
 
 
-# NOTE [linked photos]: drawing and encoding one varied photo takes 19 ms
-# (100 in 1.9 s on this 2-core machine), so 200,000 distinct ones would take
+_IMAGENET_MODES = ("RGB",) * 8 + ("L", "CMYK")
+
+
+def _imagenet_size(rng):
+    """Return a ``(width, height)``: area 90,000-360,000 pixels, 4:3 times 2/3 to 3/2, turned one time in ten."""
+    area, ratio = 180_000 * 2 ** rng.uniform(-1, 1), 4 / 3 * 1.5 ** rng.uniform(-1, 1)
+    if rng.random() < 0.1:
+        ratio = 1 / ratio
+    return max(1, round((area * ratio) ** 0.5)), max(1, round((area / ratio) ** 0.5))
+
+
+# NOTE [linked photos]: drawing and encoding one varied photo takes 17 ms
+# (200 in 3.4 s on this 2-core machine), so 200,000 distinct ones would take
 # an hour; a hard link takes 20 us (20,000 in 0.41 s). A converter opens each
 # link as its own file, so its decode and resize work is that of 200,000
 # photos; only the page cache is kinder than with real photos (a few

@@ -83,7 +83,7 @@ def test_run_watched_sees_the_partial_file_at_its_peak(tmp_path):
     assert watched.returncode == 0 and watched.json() == {"done": 1} and not watched.killed
     assert watched.peaks.disk_bytes >= (4 << 20) and watched.peaks.disk >= (4 << 20)
     assert folder_usage(folder)[0] == 1 << 20
-    assert watched.peaks.driver_rss > 1 << 20 and watched.peaks.workers == 0
+    assert watched.peaks.driver_rss > 1 << 20 and watched.peaks.descendants == 0
     assert watched.peaks.readings >= 3 and watched.seconds >= 1.0
 
 

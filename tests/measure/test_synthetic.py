@@ -68,12 +68,14 @@ def test_an_imagenet_like_folder_links_a_few_distinct_photos_over_every_class(tm
     stats = [os.stat(os.path.join(root, path)) for path in relpaths]
     assert len({stat.st_ino for stat in stats}) == 40 and all(stat.st_nlink > 1 for stat in stats)
     assert os.listdir(tmp_path) == ["imagenet"]  # the distinct photos live only as links
-    sizes = set()
+    sizes, modes = [], set()
     for relpath in relpaths[:40]:
         with Image.open(os.path.join(root, relpath)) as img:
             assert img.format == "JPEG"
-            sizes.add(img.size)
-    assert len(sizes) == 40
+            sizes.append(img.size)
+            modes.add(img.mode)
+    assert len(set(sizes)) == 40 and modes == {"RGB", "L", "CMYK"}
+    assert sum(width > height for width, height in sizes) >= 28  # mostly landscape, as photos are
 
 
 def test_an_imagenet_like_folder_refuses_more_classes_than_images(tmp_path):

@@ -1,0 +1,440 @@
+"""Shards section: converting an ImageNet-like folder into shard folders, resuming one, and loading from one.
+
+Run through benchmarks/run.py (``--only shards``). The source is an
+ImageFolder of 1000 classes of varied photos (sizes around 500x375, mostly
+hard links to 3000 distinct JPEGs, see NOTE [linked photos] in
+fastdata/measure/synthetic.py), of ``shard_images`` (200,000; --quick 300)
+images, and a second one of ``shard_compare`` (10,000; --quick 200) images
+for the comparisons. Every conversion runs in its own subprocess, watched
+from this one (NOTE [watched from outside] in fastdata/measure/conversion.py):
+the output folder's disk use and the process tree's RSS, every 50 ms.
+
+1. The big source to 64 px raw shards (default shard size, 2 processes), and
+   the small one with the same settings: peak RSS at both sizes.
+2. The small source to 64 px raw and 224 px jpeg shards, shards of about a
+   32nd of the raw pixels (so that both processes have work to the end):
+   a plain multiprocessing.Pool doing the same decode+resize and keeping
+   nothing, fastdata with 1 and 2 local processes, and on a Dask
+   LocalCluster(n_workers=2, threads_per_worker=1) given as ``executor``;
+   the folders must be byte-identical.
+3. ``fastdata convert`` of the small source killed (SIGKILL, its process
+   group) once half its shards are written, then ``--resume``, against a
+   full run.
+4. Loading: the 64 px raw shard folder and a single file of the same images
+   through make_loader (defaults), against the memcpy limit.
+5. Peers: LitData's ``optimize`` on the same decode+resize (Mosaic
+   Streaming's MDSWriter: a row saying why it is not measured).
+"""
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+from benchmarks.rows import measure_row
+from benchmarks.sections import images
+from fastdata.converters.shards import DEFAULT_SHARD_BYTES
+from fastdata.measure.machine import installed_version
+from fastdata.measure.tables import Row, markdown_table
+
+SEED_DISTINCT, CLASSES = 3000, 1000
+RAW, JPEG = (64, "raw"), (224, "jpeg")
+WORKERS = 2
+COMPARE_SHARDS = 32  # the comparisons' shard size: a 32nd of the small source's 64 px raw pixels
+CONVERT_VS_POOL = 1.5  # targets: as the images section's conversions
+DISK_SLACK_SHARDS = WORKERS  # peak disk at most final + one shard per worker (the issue's "written straight")
+RESUME_VS_FULL = 0.6  # "about half" the time of a full run, after a kill at half-way
+KILL_TRIES = 3
+LOAD_VS_LIMIT = 0.8
+LOAD_VS_FILE = 0.9  # "within noise" of the single file
+RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs
+
+CONVERT_SCRIPT = """\
+import json, sys, time
+from fastdata import convert_imagefolder
+
+args = json.loads(sys.argv[1])
+executor, cluster, cluster_seconds = None, None, None
+if args["engine"] == "dask":
+    from dask.distributed import Client, LocalCluster
+    started = time.perf_counter()
+    cluster = LocalCluster(n_workers=args["workers"], threads_per_worker=1, processes=True, dashboard_address=None)
+    executor = Client(cluster)
+    cluster_seconds = time.perf_counter() - started
+started = time.perf_counter()
+report = convert_imagefolder(args["src"], args["out"], size=args["size"], storage=args["storage"],
+                             shard_size=args["shard_size"], workers=args["workers"], executor=executor,
+                             overwrite=True, progress=False)
+seconds = time.perf_counter() - started
+if cluster is not None:
+    executor.close()
+    cluster.close()
+print(json.dumps({"seconds": seconds, "num_samples": report.num_samples, "skipped": len(report.skipped),
+                  "cluster_seconds": cluster_seconds}))
+"""
+
+LITDATA_SCRIPT = """\
+import json, os, sys, time
+from fastdata.converters import find_images
+from fastdata.measure.baselines import load_resized
+
+def sample(item):
+    path, label, size = item
+    return {"image": load_resized(path, size), "label": label}
+
+if __name__ == "__main__":
+    args = json.loads(sys.argv[1])
+    from litdata import optimize
+    _, paths, labels = find_images(args["src"])
+    items = [(os.path.join(args["src"], p), int(l), args["size"]) for p, l in zip(paths, labels)]
+    started = time.perf_counter()
+    optimize(fn=sample, inputs=items, output_dir=args["out"], chunk_bytes=args["shard_size"],
+             num_workers=args["workers"], mode="overwrite")
+    print(json.dumps({"seconds": time.perf_counter() - started, "num_samples": len(items)}))
+"""
+MOSAIC_NOTE = ("not installed: pip install mosaicml-streaming would replace numpy 2.4.6 with 2.1.3 and tokenizers "
+               "0.23.3 with 0.22.2 in this environment")
+
+
+def run(config, fresh):
+    """Run the shards section; return its rows, targets and text."""
+    workdir = os.path.join(config["workdir"], "shards")
+    os.makedirs(os.path.join(workdir, "out"), exist_ok=True)
+    big = source(workdir, config["shard_images"], config["seed"])
+    small = source(workdir, config["shard_compare"], config["seed"])
+    shard_bytes = max(64 << 10, small["num_images"] * 3 * RAW[0] ** 2 // COMPARE_SHARDS)
+    conversions = [convert(big, workdir, RAW, None, "local", WORKERS, "rss_big"),
+                   convert(small, workdir, RAW, None, "local", WORKERS, "rss_small")]
+    for size, storage in (RAW, JPEG):
+        conversions.append(pool_row(small, size, storage))
+        for engine, workers in (("local", 1), ("local", WORKERS), ("dask", WORKERS)):
+            if engine == "dask" and installed_version("distributed") is None:
+                conversions.append({"key": f"{size}-{storage}-dask-{workers}", "size": size, "storage": storage,
+                                    "engine": engine, "workers": workers, "num_images": small["num_images"],
+                                    "skipped": "not installed: pip install 'fastdata[dask]'"})
+                continue
+            conversions.append(convert(small, workdir, (size, storage), shard_bytes, engine, workers))
+    check_identical(conversions)
+    resume = resume_run(small, workdir, shard_bytes)
+    folder = next(r["out"] for r in conversions if r["key"] == f"{RAW[0]}-raw-local-{WORKERS}")
+    loading = loading_rows(config, fresh, small, workdir, folder)
+    peers = [litdata_row(small, workdir, shard_bytes),
+             {"key": "mosaic", "tool": "Mosaic Streaming MDSWriter", "skipped": MOSAIC_NOTE}]
+    results = {"source": big, "compare_source": small, "shard_bytes": shard_bytes, "workers": WORKERS,
+               "conversions": conversions, "resume": resume, "loading": loading, "peers": peers}
+    results["targets"] = summarize(results)
+    results["text"] = text(results)
+    return results
+
+
+# ---------------------------------------------------------------- the source
+
+
+def source(workdir, num_images, seed):
+    """Return the facts of the ImageNet-like folder of ``num_images`` in ``workdir``, made unless cached."""
+    from benchmarks import inputs
+    from fastdata.measure.synthetic import make_imagenet_like
+
+    classes, distinct = min(CLASSES, num_images), min(SEED_DISTINCT, num_images)
+    params = {"generator": "fastdata.measure.synthetic.make_imagenet_like", "num_images": num_images,
+              "classes": classes, "distinct": distinct, "seed": seed}
+    root = os.path.join(workdir, f"imagenet-like-{num_images}-seed{seed}")
+    seconds = inputs._cached(root, params, lambda: make_imagenet_like(root, num_images, classes, distinct, seed))
+    return {**params, "root": root, "generate_seconds": seconds, **photo_sizes(root)}
+
+
+def photo_sizes(root):
+    """Return the mean width and height and the bytes of the photos under ``root`` (linked files counted each time)."""
+    from PIL import Image
+
+    widths, heights, sizes, seen = [], [], [], {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".jpg"):
+                stat = os.stat(os.path.join(folder, name))
+                if stat.st_ino not in seen:
+                    with Image.open(os.path.join(folder, name)) as img:
+                        seen[stat.st_ino] = img.size
+                width, height = seen[stat.st_ino]
+                widths.append(width), heights.append(height), sizes.append(stat.st_size)
+    return {"mean_width": statistics.fmean(widths), "mean_height": statistics.fmean(heights),
+            "source_bytes": sum(sizes), "distinct_files": len(seen)}
+
+
+# ---------------------------------------------------------------- conversions
+
+
+def convert(src, workdir, what, shard_bytes, engine, workers, key=None):
+    """Convert ``src`` to a shard folder in a watched subprocess; return its row."""
+    from fastdata.formats.shards import read_index
+    from fastdata.measure.conversion import folder_usage, run_watched
+
+    size, storage = what
+    key = key or f"{size}-{storage}-{engine}-{workers}"
+    out = os.path.join(workdir, "out", f"{src['num_images']}-{key}")
+    shutil.rmtree(out, ignore_errors=True)
+    args = {"src": src["root"], "out": out, "size": size, "storage": storage, "shard_size": shard_bytes,
+            "engine": engine, "workers": workers}
+    print(f"  {key}: {src['num_images']} images ...", end="", flush=True)
+    watched = run_watched([sys.executable, "-c", CONVERT_SCRIPT, json.dumps(args)], out)
+    if watched.returncode != 0:
+        raise RuntimeError(f"converting {src['root']} to {out} failed:\n{watched.stderr[-3000:]}")
+    done, index = watched.json(), read_index(out)
+    final_bytes, final_disk = folder_usage(out)
+    row = {"key": key, "out": out, "size": size, "storage": storage, "engine": engine, "workers": workers,
+           "num_images": src["num_images"], "num_samples": done["num_samples"], "skipped_images": done["skipped"],
+           "shard_size": shard_bytes, "num_shards": index.num_shards, "shard_bytes": int(sum(index.sizes)),
+           "checksums": list(index.checksums), "seconds": done["seconds"], "wall_seconds": watched.seconds,
+           "cluster_seconds": done["cluster_seconds"], "images_per_s": done["num_samples"] / done["seconds"],
+           "final_bytes": final_bytes, "final_disk": final_disk, **watched.peaks.to_dict()}
+    row["peak_disk_ratio"] = row["disk"] / final_disk
+    print(f" {row['images_per_s']:,.0f} img/s, {index.num_shards} shards, peak disk {row['peak_disk_ratio']:.2f}x "
+          f"final, RSS driver {row['driver_rss'] / 1e6:,.0f} MB, worker {row['worker_rss'] / 1e6:,.0f} MB", flush=True)
+    return row
+
+
+def pool_row(src, size, storage):
+    """Time the plain Pool decode+resize of every image of ``src`` at ``size`` in this process; return its row."""
+    from fastdata.converters import find_images
+    from fastdata.measure.conversion import pool_decode_count
+
+    _, relpaths, _ = find_images(src["root"])
+    paths = [os.path.join(src["root"], path) for path in relpaths]
+    print(f"  Pool decode+resize at {size}: {len(paths)} images ...", end="", flush=True)
+    started = time.perf_counter()
+    count = pool_decode_count(paths, size, WORKERS)
+    seconds = time.perf_counter() - started
+    print(f" {count / seconds:,.0f} img/s", flush=True)
+    return {"key": f"{size}-{storage}-pool", "size": size, "storage": storage, "engine": "pool", "workers": WORKERS,
+            "num_images": src["num_images"], "num_samples": count, "seconds": seconds, "images_per_s": count / seconds}
+
+
+def check_identical(rows):
+    """Record, for each (size, storage), whether every engine and process count wrote the same shards."""
+    for what in (RAW, JPEG):
+        written = [r for r in rows if (r["size"], r["storage"]) == what and "checksums" in r and r["shard_size"]]
+        same = all(r["checksums"] == written[0]["checksums"] for r in written)
+        for row in written:
+            row["identical"] = same
+
+
+# ---------------------------------------------------------------- resume
+
+
+def fastdata_command():
+    """Return the argv that starts the ``fastdata`` command of this Python."""
+    script = os.path.join(os.path.dirname(sys.executable), "fastdata")
+    return [script] if os.path.exists(script) else [sys.executable, "-c", "from fastdata.cli import main; main()"]
+
+
+def resume_run(src, workdir, shard_bytes):
+    """Time ``fastdata convert`` in full, then killed at half its shards and resumed; return the figures."""
+    from fastdata.formats.shards import CONTAINER_EXTENSIONS, read_index
+    from fastdata.measure.conversion import count_shards, run_watched
+
+    out = os.path.join(workdir, "out", f"{src['num_images']}-resume")
+    command = [*fastdata_command(), "convert", "imagefolder", src["root"], out, "--size", str(RAW[0]), "--storage",
+               RAW[1], "--shard-size", str(shard_bytes), "--workers", str(WORKERS), "--quiet"]
+    print(f"  fastdata convert, killed at half-way, --resume: {src['num_images']} images ...", end="", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    full = _checked(run_watched(command, out), "a full run")
+    expected = read_index(out).checksums
+    shards = len(expected)
+    half, extension = max(1, shards // 2), CONTAINER_EXTENSIONS["hdf5"]
+    for _ in range(KILL_TRIES):  # a small run can finish between two readings
+        shutil.rmtree(out, ignore_errors=True)
+        killed = run_watched(command, out, kill_when=lambda root: count_shards(root, extension) >= half)
+        if killed.killed:
+            break
+    else:
+        raise RuntimeError(f"the run to be killed at {half} of {shards} shards finished first {KILL_TRIES} times")
+    kept = count_shards(out, CONTAINER_EXTENSIONS["hdf5"])
+    resumed = _checked(run_watched([*command, "--resume"], out), "the resumed run")
+    checksums_equal = list(read_index(out).checksums) == list(expected)
+    ratio = resumed.seconds / full.seconds
+    print(f" full {full.seconds:.1f} s, killed with {kept} of {shards} shards after {killed.seconds:.1f} s, "
+          f"resume {resumed.seconds:.1f} s ({ratio:.2f} of full)", flush=True)
+    return {"num_images": src["num_images"], "num_shards": shards, "shard_size": shard_bytes, "kill_at": half,
+            "shards_at_kill": kept, "full_seconds": full.seconds, "killed_after_seconds": killed.seconds,
+            "resume_seconds": resumed.seconds, "resume_vs_full": ratio, "same_as_full_run": checksums_equal,
+            "command": " ".join(command[-12:])}
+
+
+def _checked(watched, what):
+    if watched.returncode != 0:
+        raise RuntimeError(f"{what} of fastdata convert failed ({watched.returncode}):\n{watched.stderr[-3000:]}")
+    return watched
+
+
+# ---------------------------------------------------------------- loading
+
+
+def loading_rows(config, fresh, src, workdir, folder):
+    """Measure make_loader on the shard ``folder`` and on one file of the same images, and the memcpy limits."""
+    from fastdata import convert_imagefolder
+
+    single = os.path.join(workdir, "out", f"{src['num_images']}-{RAW[0]}-raw-single.h5")
+    print(f"  one file of the same images: {single} ...", flush=True)
+    started = time.perf_counter()
+    convert_imagefolder(src["root"], single, size=RAW[0], storage=RAW[1], workers=WORKERS, overwrite=True,
+                        progress=False)
+    single_seconds = time.perf_counter() - started
+    setup = {"files": {"hdf5-raw": single, "shards-raw": folder}, "num_samples": src["num_images"],
+             **{key: config[key] for key in ("batch_size", "repeats", "min_seconds", "seed")}}
+    rows = [fresh.run_median(config["process_repeats"], measure_row, row, setup) for row in loading_plan()]
+    rows[0]["conversion_seconds"] = single_seconds
+    return rows
+
+
+def loading_plan():
+    """Return the Rows of the loading table: the single file, the shard folder, the two memcpy limits."""
+    copy = "memcpy: np.take from the single file's memmap into"
+    return [
+        Row("single_file", f"fastdata HDF5 raw {RAW[0]} px, one file: make_loader", "0 (defaults)",
+            images._fastdata_epochs, {"key": "hdf5-raw", "num_workers": 0}, "fastdata"),
+        Row("shard_folder", f"fastdata HDF5 raw {RAW[0]} px, shard folder: make_loader", "0 (defaults)",
+            images._fastdata_epochs, {"key": "shards-raw", "num_workers": 0}, "fastdata"),
+        Row("copy_prealloc", f"{copy} a preallocated array, mode='clip'", "1 thread", images._copy_epochs,
+            {"mode": "clip"}, "copy", limit=True),
+        Row("copy_fresh", f"{copy} a fresh array (previous batch alive)", "1 thread", images._copy_epochs,
+            {"mode": None}, "copy", limit=True),
+    ]
+
+
+# ---------------------------------------------------------------- peers
+
+
+def litdata_row(src, workdir, shard_bytes):
+    """Time LitData's ``optimize`` on the same decode+resize to 64 px in a watched subprocess, or say why not."""
+    from fastdata.measure.conversion import folder_usage, run_watched
+
+    row = {"key": "litdata", "tool": "LitData optimize", "size": RAW[0], "num_images": src["num_images"],
+           "workers": WORKERS, "shard_size": shard_bytes, "version": installed_version("litdata")}
+    if row["version"] is None:
+        return {**row, "skipped": "not installed: pip install 'fastdata[peers]'"}
+    out = os.path.join(workdir, "out", f"{src['num_images']}-litdata")
+    shutil.rmtree(out, ignore_errors=True)
+    args = {"src": src["root"], "out": out, "size": RAW[0], "shard_size": shard_bytes, "workers": WORKERS}
+    print(f"  LitData optimize: {src['num_images']} images ...", end="", flush=True)
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    watched = _checked(run_watched([sys.executable, "-c", LITDATA_SCRIPT, json.dumps(args)], out, env=env),
+                       "LitData optimize")
+    done = watched.json()
+    final_bytes, final_disk = folder_usage(out)
+    row.update(seconds=done["seconds"], wall_seconds=watched.seconds, num_samples=done["num_samples"],
+               images_per_s=done["num_samples"] / done["seconds"], final_bytes=final_bytes, final_disk=final_disk,
+               **watched.peaks.to_dict())
+    row["peak_disk_ratio"] = row["disk"] / final_disk
+    print(f" {row['images_per_s']:,.0f} img/s", flush=True)
+    return row
+
+
+# ---------------------------------------------------------------- report
+
+
+def summarize(results):
+    """Return the section's targets, each a ratio of two figures of this run."""
+    rows = {row["key"]: row for row in results["conversions"]}
+    targets = []
+    for size, storage in (RAW, JPEG):
+        ours, pool = rows[f"{size}-{storage}-local-{WORKERS}"], rows[f"{size}-{storage}-pool"]
+        targets.append(_target(f"shards {size}px {storage}, {WORKERS} processes vs plain Pool decode+resize",
+                               ours["images_per_s"] / pool["images_per_s"], CONVERT_VS_POOL,
+                               f"{ours['images_per_s']:,.0f} vs {pool['images_per_s']:,.0f} img/s"))
+    for row in results["conversions"]:
+        if "disk" in row:
+            slack = row["final_disk"] + DISK_SLACK_SHARDS * (row["shard_size"] or DEFAULT_SHARD_BYTES)
+            targets.append(_target(f"shards {row['key']} ({row['num_images']:,} images): peak disk / final size",
+                                   row["peak_disk_ratio"], slack / row["final_disk"],
+                                   f"{row['disk'] / 1e6:,.1f} MB at peak, {row['final_disk'] / 1e6:,.1f} MB final; "
+                                   f"bar: final + {DISK_SLACK_SHARDS} shards", at_least=False))
+    big, small = rows["rss_big"], rows["rss_small"]
+    for part in ("driver_rss", "worker_rss"):
+        if not big[part] or not small[part]:  # one shard or less: converted in the driver, no workers
+            continue
+        targets.append(_target(f"shards: peak {part.replace('_rss', '')} RSS at {big['num_images']:,} vs "
+                               f"{small['num_images']:,} inputs", big[part] / small[part], RSS_GROWTH,
+                               f"{big[part] / 1e6:,.0f} vs {small[part] / 1e6:,.0f} MB", at_least=False))
+    resume = results["resume"]
+    targets.append(_target("shards: --resume after SIGKILL at half the shards vs a full run",
+                           resume["resume_vs_full"], RESUME_VS_FULL,
+                           f"{resume['resume_seconds']:.1f} vs {resume['full_seconds']:.1f} s", at_least=False))
+    loading = {row["key"]: row for row in results["loading"]}
+    limit = max(loading["copy_prealloc"]["samples_per_s"], loading["copy_fresh"]["samples_per_s"])
+    folder, single = loading["shard_folder"]["samples_per_s"], loading["single_file"]["samples_per_s"]
+    targets.append(_target(f"shard folder raw {RAW[0]}px, make_loader defaults vs memcpy limit", folder / limit,
+                           LOAD_VS_LIMIT, f"{folder:,.0f} vs {limit:,.0f} samples/s"))
+    targets.append(_target(f"shard folder raw {RAW[0]}px vs one file, make_loader defaults", folder / single,
+                           LOAD_VS_FILE, f"{folder:,.0f} vs {single:,.0f} samples/s"))
+    return targets
+
+
+def _target(name, value, threshold, info, at_least=True):
+    return {"name": name, "value": value, "threshold": threshold, "at_least": at_least, "info": info}
+
+
+def text(results):
+    """Return the section's Markdown."""
+    src, small = results["source"], results["compare_source"]
+    return "\n".join([
+        f"## Shards: ImageNet-like folders of {src['num_images']:,} and {small['num_images']:,} varied JPEGs "
+        f"(mean {src['mean_width']:.0f}x{src['mean_height']:.0f}, {src['distinct_files']:,} distinct files "
+        "hard-linked)", "", conversion_table(results["conversions"]), "",
+        f"Shard size: the default (64 MiB) for the first two rows, {results['shard_bytes'] / 2**20:.2f} MiB "
+        "(a 32nd of the 64 px raw pixels) for the others. img/s: images over the seconds of the convert_imagefolder "
+        "call in its own process (a Pool row: its start-up included). Peak disk: the output folder's allocated "
+        "blocks, hidden partial shards included, sampled every 50 ms. RSS: the converting process (driver) and its "
+        "largest descendant (worker; under Dask the nannies and workers).", "",
+        resume_text(results["resume"]), "", loading_table(results["loading"]), "",
+        peers_table(results["peers"]),
+    ])
+
+
+def conversion_table(rows):
+    body = []
+    for row in rows:
+        watched = "disk" in row
+        if "skipped" in row:
+            body.append((row["key"], f"{row['num_images']:,}", row["engine"], row["workers"], row["skipped"],
+                         *["-"] * 6))
+            continue
+        body.append((row["key"], f"{row['num_images']:,}", row["engine"], row["workers"],
+                     f"{row['images_per_s']:,.0f}", str(row.get("num_shards", "-")),
+                     f"{row['peak_disk_ratio']:.3f}" if watched else "-",
+                     f"{row['final_disk'] / 1e6:,.1f}" if watched else "-",
+                     f"{row['driver_rss'] / 1e6:,.0f}" if watched else "-",
+                     f"{row['worker_rss'] / 1e6:,.0f}" if watched else "-",
+                     {True: "yes", False: "NO"}.get(row.get("identical"), "-")))
+    headers = ["conversion", "images", "engine", "processes", "img/s", "shards", "peak disk / final", "final MB",
+               "driver RSS MB", "worker RSS MB", "byte-identical"]
+    return markdown_table(headers, body, "lrllrrrrrrl")
+
+
+def resume_text(resume):
+    return (f"Resume: `fastdata convert ... {resume['command']}` of {resume['num_images']:,} images "
+            f"({resume['num_shards']} shards) took {resume['full_seconds']:.1f} s; killed with SIGKILL once "
+            f"{resume['kill_at']} shards were written ({resume['shards_at_kill']} on disk, after "
+            f"{resume['killed_after_seconds']:.1f} s), `--resume` took {resume['resume_seconds']:.1f} s "
+            f"({resume['resume_vs_full']:.2f} of the full run); shards equal to the full run's: "
+            f"{'yes' if resume['same_as_full_run'] else 'NO'}.")
+
+
+def loading_table(rows):
+    limit = max(row["samples_per_s"] for row in rows if row["key"].startswith("copy"))
+    body = [(row["method"], row["workers"], f"{row['samples_per_s']:,.0f}", f"{row['samples_per_s'] / limit:.3f}")
+            for row in rows]
+    return markdown_table(["loading", "workers", "samples/s", "fraction of memcpy limit"], body, "llrr")
+
+
+def peers_table(rows):
+    body = []
+    for row in rows:
+        if "skipped" in row:
+            body.append((row["tool"], "-", "-", "-", row["skipped"]))
+        else:
+            body.append((row["tool"], f"{row['num_images']:,}", f"{row['images_per_s']:,.0f}",
+                         f"{row['peak_disk_ratio']:.3f}", f"version {row['version']}, {row['workers']} workers, "
+                         f"chunks of {row['shard_size'] / 2**20:.2f} MiB"))
+    return markdown_table(["other tool, 64 px raw", "images", "img/s", "peak disk / final", "note"], body, "lrrrl")

@@ -1,0 +1,90 @@
+"""The shards section of the benchmark suite, run small: its rows are real measurements of real shard folders."""
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # the suite imports as benchmarks.*, shadowing nothing
+
+from benchmarks import report  # noqa: E402
+from benchmarks.fresh import FreshProcesses  # noqa: E402
+from benchmarks.sections import shards  # noqa: E402
+from fastdata.formats.shards import read_index  # noqa: E402
+
+pytest.importorskip("psutil")
+pytestmark = pytest.mark.slow  # the section runs once for the module: ~50 s of subprocesses (2 Dask clusters, LitData)
+
+
+@pytest.fixture(scope="module")
+def section(tmp_path_factory):
+    config = {"quick": True, "shard_images": 150, "shard_compare": 100, "batch_size": 32, "repeats": 1,
+              "process_repeats": 1, "min_seconds": 0.01, "seed": 0, "workers": 2,
+              "workdir": str(tmp_path_factory.mktemp("work"))}
+    with FreshProcesses() as fresh:
+        return shards.run(config, fresh)
+
+
+def written(section):
+    return [row for row in section["conversions"] if "disk" in row]
+
+
+def test_every_conversion_keeps_every_image_and_is_timed(section):
+    rows = [row for row in section["conversions"] if "skipped" not in row]
+    assert {row["engine"] for row in rows} >= {"pool", "local"}
+    for row in rows:
+        assert row["num_samples"] == row["num_images"] and row["seconds"] > 0
+        assert row["images_per_s"] == pytest.approx(row["num_samples"] / row["seconds"])
+
+
+def test_shard_sizes_add_up_to_the_folder_and_the_peak_is_at_least_the_final_size(section):
+    for row in written(section):
+        index = read_index(row["out"])
+        on_disk = [os.path.getsize(os.path.join(row["out"], name)) for name in index.names]
+        assert row["shard_bytes"] == sum(on_disk) == sum(index.sizes) and row["num_shards"] == len(on_disk)
+        assert row["final_bytes"] > row["shard_bytes"]  # plus index.json
+        assert row["disk"] >= row["final_disk"] > 0 and row["disk_bytes"] >= row["final_bytes"]
+        assert row["peak_disk_ratio"] >= 1 and row["readings"] >= 2
+
+
+def test_the_small_shards_are_byte_identical_across_processes_and_engines(section):
+    compared = [row for row in written(section) if row["shard_size"]]
+    assert len(compared) >= 4 and all(row["identical"] for row in compared)
+    assert all(row["num_shards"] > 2 for row in compared)
+
+
+def test_rss_is_read_from_the_driver_and_its_workers(section):
+    for row in written(section):
+        assert row["driver_rss"] > 10 << 20 and row["total_rss"] >= row["driver_rss"] + row["worker_rss"]
+        if row["engine"] == "local" and row["workers"] == 2 and row["num_shards"] > 1:
+            assert row["descendants"] >= 2 and row["worker_rss"] > 10 << 20
+
+
+def test_resume_after_a_kill_keeps_the_shards_written_and_ends_equal(section):
+    resume = section["resume"]
+    assert resume["kill_at"] <= resume["shards_at_kill"] < resume["num_shards"]
+    assert resume["same_as_full_run"] and 0 < resume["resume_seconds"] and 0 < resume["full_seconds"]
+    assert resume["resume_vs_full"] == pytest.approx(resume["resume_seconds"] / resume["full_seconds"])
+
+
+def test_loading_rows_are_measured_over_every_sample(section):
+    keys = [row["key"] for row in section["loading"]]
+    assert keys == ["single_file", "shard_folder", "copy_prealloc", "copy_fresh"]
+    for row in section["loading"]:
+        assert row["samples_per_s"] > 0 and row["samples_per_pass"] % section["compare_source"]["num_images"] == 0
+
+
+def test_peers_are_measured_or_say_why_not(section):
+    for row in section["peers"]:
+        assert row.get("skipped") or (row["images_per_s"] > 0 and row["final_bytes"] > 0)
+
+
+def test_targets_are_finite_ratios_and_the_report_renders_them(section):
+    targets = [report.finish(t, "shards") for t in section["targets"]]
+    assert len(targets) >= 8
+    assert all(math.isfinite(t["value"]) and t["value"] > 0 and isinstance(t["pass"], bool) for t in targets)
+    text = section["text"]
+    assert text.startswith("## Shards") and "| conversion" in text and "Resume:" in text and "| loading" in text
