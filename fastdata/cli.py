@@ -190,11 +190,11 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
 
 
 @main.command()
-@click.argument("path", type=click.Path(dir_okay=False))
+@click.argument("path", type=click.Path())
 @click.option("--all", "all_skipped", is_flag=True, help="List every skipped input, not only the first 10.")
 @_reports_errors
 def info(path, all_skipped):
-    """Describe the packed file PATH: samples, classes, shape, statistics, skipped inputs."""
+    """Describe the packed file or shard folder PATH: samples, classes, shape, statistics, shards, skipped inputs."""
     from fastdata.info import describe
 
     click.echo(describe(path, all_skipped=all_skipped))
@@ -334,13 +334,15 @@ def index_command(root):
 
 
 @main.command("verify")
-@click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--quick", is_flag=True, help="Check the stored checksums only: no value checks, no decoding.")
+@click.argument("path", type=click.Path())
+@click.option("--quick", is_flag=True,
+              help="Check the stored chunk checksums only: no whole-shard crc32, no value checks, no decoding.")
 @_reports_errors
 def verify_command(path, quick):
-    """Check the packed file PATH for damage: checksums, structure, offsets, labels, JPEGs, token ids.
+    """Check the packed file or shard folder PATH for damage: checksums, structure, offsets, labels, JPEGs, token ids.
 
-    Exits 0 when the file is intact and 1 when it is damaged, naming the damaged samples.
+    A shard folder is checked shard by shard (size and crc32 against its index, then as one file); problems name
+    the shard file. Exits 0 when intact and 1 when damaged, naming the damaged samples.
     """
     from fastdata.verify import verify
 

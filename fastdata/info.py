@@ -1,4 +1,4 @@
-"""Describe a packed file for people: what `fastdata info` prints.
+"""Describe a packed file or shard folder for people: what `fastdata info` prints.
 
 Paths and names are printed escaped (``repr``), so a newline or a control
 character in a file name can never split or fake a line.
@@ -6,21 +6,59 @@ character in a file name can never split or fake a line.
 
 import os
 
+import numpy as np
+
 from fastdata.formats import format_of, read_packed
+from fastdata.formats.shards import read_index
 
 _SHOWN_SKIPS = 10
 
 
 def describe(path, all_skipped=False):
-    """Return a multi-line, human-readable description of the packed file at ``path``.
+    """Return a multi-line, human-readable description of the packed file or shard folder at ``path``.
 
     Lists the first skipped inputs, or every one with ``all_skipped``.
     """
-    columns, metadata = read_packed(path)
-    size = os.path.getsize(path)
+    if os.path.isdir(path):
+        header, metadata = _folder_lines(path)
+    else:
+        _, metadata = read_packed(path)  # checked: a damaged file is named here
+        header = [
+            f"file:        {os.fspath(path)!r} ({format_of(path)}, format version {metadata['format_version']})",
+            f"size:        {_human_bytes(os.path.getsize(path))}",
+        ]
+    return "\n".join(header + _dataset_lines(metadata, all_skipped))
+
+
+def _folder_lines(root):
+    """Return ``(lines, dataset metadata)`` of a shard folder: its container, shards and their sizes."""
+    index = read_index(root)
+    sizes = index.sizes
+    counts = np.diff(index.starts)
+    absent = [name for name, size in zip(index.names, sizes.tolist()) if _size_of(os.path.join(root, name)) != size]
     lines = [
-        f"file:        {os.fspath(path)!r} ({format_of(path)}, format version {metadata['format_version']})",
-        f"size:        {_human_bytes(size)}",
+        f"folder:      {os.fspath(root)!r} ({index.container} shards)",
+        f"size:        {_human_bytes(int(sizes.sum()))} in {index.num_shards} shards"
+        + (f" ({_human_bytes(int(sizes.min()))} to {_human_bytes(int(sizes.max()))}, "
+           f"{counts.min()} to {counts.max()} samples each)" if index.num_shards else ""),
+    ]
+    if absent:
+        shown = ", ".join(map(repr, absent[:_SHOWN_SKIPS])) + (" ..." if len(absent) > _SHOWN_SKIPS else "")
+        lines.append(f"damaged:     {len(absent)} shards missing or not the size the index says: {shown} "
+                     f'(run "fastdata verify {os.fspath(root)}")')
+    return lines, index.metadata
+
+
+def _size_of(path):
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return None
+
+
+def _dataset_lines(metadata, all_skipped):
+    """Return the lines that describe the dataset: kind, samples, shapes, classes, settings, source, skips."""
+    lines = [
         f"kind:        {metadata['kind']}",
         f"samples:     {metadata['num_samples']}",
     ]
@@ -47,8 +85,7 @@ def describe(path, all_skipped=False):
     lines += [f"  {item['path']!r}: {_printable(item['reason'])}" for item in shown]
     if len(shown) < len(skipped):
         lines.append(f"  ... and {len(skipped) - len(shown)} more (fastdata info --all lists them all)")
-    del columns
-    return "\n".join(lines)
+    return lines
 
 
 def _printable(text):

@@ -1,4 +1,4 @@
-"""Check a packed file for damage and name the damaged samples: what `fastdata verify` runs."""
+"""Check a packed file or shard folder for damage and name the damaged samples: what `fastdata verify` runs."""
 
 import os
 from dataclasses import dataclass, field
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fastdata.codecs.images import decode_jpeg
-from fastdata.errors import FormatError
+from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats import read_checksums, read_packed
 from fastdata.formats.layout import (
     CHECKSUM_ALGORITHM,
@@ -19,6 +19,7 @@ from fastdata.formats.layout import (
     sample_ranges,
     stored_columns,
 )
+from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index
 
 _SCAN = 1 << 22  # token ids per numpy pass of the vocabulary check
 
@@ -28,7 +29,8 @@ class Problem:
     """One kind of damage found in a file.
 
     Attributes:
-        check: the check that found it: "structure", "checksum", "offsets", "labels", "jpeg" or "tokens".
+        check: the check that found it: "structure", "checksum", "offsets", "labels", "jpeg" or "tokens";
+            in a shard folder also "index" and "shard" (a shard missing, of the wrong size or count).
         message: what is wrong and where, for people.
         samples: int64 sorted indices of the damaged samples; empty where they cannot be told.
     """
@@ -75,8 +77,10 @@ class VerifyReport:
 def verify(path, quick=False):
     """Check the packed file at ``path``: checksums, structure, offsets, labels, stored JPEGs, token ids.
 
+    A shard folder is checked shard by shard (see ``verify_folder``).
+
     Args:
-        path: a .h5, .hdf5 or .arrow file written by a fastdata converter.
+        path: a .h5, .hdf5 or .arrow file written by a fastdata converter, or a shard folder.
         quick: check the stored checksums only (reads every byte once, decodes nothing).
 
     Returns:
@@ -91,6 +95,8 @@ def verify(path, quick=False):
         >>> report.ok, report.damaged_samples
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        return verify_folder(path, quick)
     report = VerifyReport(path, quick)
     try:
         columns, metadata = read_packed(path, check=False)
@@ -228,3 +234,88 @@ def _check_tokens(report, columns, metadata):
         bad = np.unique(np.searchsorted(columns.offsets, positions, side="right") - 1)
         message = f"{format_samples(bad)}: token ids outside the vocabulary of {vocab_size} ({values[positions[0]]})"
         report.problems.append(Problem("tokens", message, bad))
+
+
+def verify_folder(root, quick=False):
+    """Check a shard folder: its index, each shard's size and whole-file crc32, then each shard as one file.
+
+    Problems name the shard file; their samples are the dataset's (global)
+    indices. ``quick`` skips the whole-file crc32 and checks each shard
+    quickly (its chunk checksums).
+
+    Returns:
+        VerifyReport of the folder.
+    """
+    report = VerifyReport(os.fspath(root), quick)
+    try:
+        index = read_index(root)
+    except (FormatError, NotFoundError) as exc:
+        report.problems.append(Problem("index", str(exc)))
+        return report
+    report.num_samples = index.num_samples
+    report.checked += [INDEX_NAME, f"{index.num_shards} shard sizes"] + ([] if quick else ["whole-file crc32"])
+    counts, shard_reports = np.zeros(len(index.metadata.get("classes", [])), np.int64), []
+    for shard in range(index.num_shards):
+        found = _verify_shard(report, index, shard, quick)
+        if found is not None:
+            shard_report, labels = found
+            report.format_version = report.format_version or shard_report.format_version
+            shard_reports.append(shard_report)
+            if labels is not None and len(counts):
+                counts += np.bincount(labels[labels >= 0], minlength=len(counts))[: len(counts)]
+    report.checked += _merge_checked(shard_reports)
+    counted = not quick and report.ok and "class_counts" in index.metadata  # every shard read, its labels in range
+    if counted and counts.tolist() != index.metadata["class_counts"]:
+        report.problems.append(
+            Problem("labels", f"the shards' labels count {counts.tolist()} per class, the index "
+                              f"{index.metadata['class_counts']}")
+        )
+    _note_unlisted(report, index)
+    return report
+
+
+def _verify_shard(report, index, shard, quick):
+    """Check one shard of ``index``; return ``(its VerifyReport, its labels or None)``, or None if unreadable."""
+    name, start = index.names[shard], int(index.starts[shard])
+    samples = np.arange(start, int(index.starts[shard + 1]))
+    path = index.path(shard)
+    if not os.path.isfile(path):
+        report.problems.append(Problem("shard", f"{name!r} is missing ({format_samples(samples)})", samples))
+        return None
+    size = os.path.getsize(path)
+    if size != index.sizes[shard]:
+        message = f"{name!r} has {size} bytes, the index says {index.sizes[shard]} ({format_samples(samples)})"
+        report.problems.append(Problem("shard", message, samples))
+    elif not quick and (crc := file_checksum(path)) != index.checksums[shard]:
+        message = f"{name!r}: crc32 {crc}, the index says {index.checksums[shard]} (any problems below locate it)"
+        report.problems.append(Problem("checksum", message))
+    shard_report = verify(path, quick)
+    if shard_report.num_samples is not None and shard_report.num_samples != len(samples):
+        message = f"{name!r} holds {shard_report.num_samples} samples, the index says {len(samples)}"
+        report.problems.append(Problem("shard", message, samples))
+    for problem in shard_report.problems:  # the shard's own sample numbers, then the dataset's
+        where = f" (dataset {format_samples(problem.samples + start)})" if len(problem.samples) else ""
+        report.problems.append(Problem(problem.check, f"{name!r}: {problem.message}{where}", problem.samples + start))
+    report.notes += [f"{name!r}: {note}" for note in shard_report.notes]
+    if quick or not shard_report.ok:
+        return shard_report, None
+    return shard_report, np.asarray(read_packed(path, check=False)[0].labels)
+
+
+def _merge_checked(reports):
+    """Return what the shards' ``reports`` checked, each item once and their JPEG counts added up."""
+    items, jpegs = {}, None
+    for item in (item for report in reports for item in report.checked):
+        if item.endswith(" JPEGs decode"):
+            jpegs = (jpegs or 0) + int(item.split()[0])
+        else:
+            items[item] = None
+    return list(items) + ([] if jpegs is None else [f"{jpegs} JPEGs decode"])
+
+
+def _note_unlisted(report, index):
+    """Note files in the folder that look like shards but are not in the index (left by another run)."""
+    listed = set(index.names)
+    unlisted = sorted(name for name in os.listdir(index.root) if name.startswith("shard-") and name not in listed)
+    if unlisted:
+        report.notes.append(f"{len(unlisted)} files not in the index, not read: {', '.join(map(repr, unlisted[:5]))}")
