@@ -255,3 +255,13 @@ def start_methods(*methods):
     return [method if method == "fork" else pytest.param(method, marks=pytest.mark.slow)
             for method in methods if method in available]
 
+
+def wait_for(condition, what, seconds=120):
+    """Poll ``condition()`` until it is true and return its value; fail after ``seconds``."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
+    return value

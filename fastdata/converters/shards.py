@@ -49,6 +49,7 @@ DEFAULT_SHARD_BYTES = 64 << 20
 STATE_FOLDER = ".fastdata"
 PLAN_NAME = "plan.json"
 _PARTIAL = re.compile(r"\.shard-(\d+)\.[0-9a-f]{8}-\d+-\d+\.partial\.(h5|arrow)")
+_PARTIAL_RECORD = re.compile(r"shard-(\d+)\.json\.\d+\.partial")  # see write_json_atomically
 _SHARD = re.compile(r"shard-\d+\.(h5|arrow)")
 # plan kind -> (module, function(plan, records) -> the dataset metadata of the index)
 _METADATA_OF = {"image": ("fastdata.converters.imageshards", "shard_folder_metadata")}
@@ -171,12 +172,14 @@ class ShardFolder:
         return record
 
     def remove_partials(self, numbers=None):
-        """Remove partial shards: of task ``numbers``, or all of them (None)."""
+        """Remove partial shards and records: of task ``numbers``, or all of them and any partial JSON (None)."""
         wanted = None if numbers is None else set(numbers)
-        for name in os.listdir(self.root):
-            match = _PARTIAL.fullmatch(name)
-            if match and (wanted is None or int(match[1]) in wanted):
-                _remove(os.path.join(self.root, name))
+        for folder in (self.root, self.state):
+            for name in os.listdir(folder):
+                match = _PARTIAL.fullmatch(name) or _PARTIAL_RECORD.fullmatch(name)
+                if (match and (wanted is None or int(match[1]) in wanted)) or (
+                        wanted is None and name.endswith(".partial")):
+                    _remove(os.path.join(folder, name))
 
     def _clear(self):
         """Remove a previous conversion: the index first, so nothing half-removed looks finished."""

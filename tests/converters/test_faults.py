@@ -7,11 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from click.testing import CliRunner
-from support import FORMATS, folder_listing
+from support import FORMATS, folder_listing, wait_for
 
 from fastdata import FastdataError, convert_imagefolder, convert_text
 from fastdata.cli import main
@@ -56,14 +55,6 @@ def slow_fastdata(tmp_path, delay, *args, **popen):
     script.write_text(SLOW_CLI_SCRIPT)
     command = [sys.executable, os.fspath(script)] + [str(a) for a in args]
     return subprocess.Popen(command, env={**os.environ, "DELAY": str(delay)}, text=True, **popen)
-
-
-def wait_for(condition, what, seconds=120):
-    deadline = time.monotonic() + seconds
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.002)
-    return value
 
 
 def process_state(pid):

@@ -183,6 +183,7 @@ def test_unfinished_folder_needs_resume_and_resume_redoes_only_what_is_missing(s
     os.remove(out / "shard-00003.h5")  # missing
     os.remove(out / ".fastdata" / "shard-00002.json")  # finished, but not recorded
     (out / ".shard-00004.0badcafe-123-456.partial.h5").write_bytes(b"half")  # left by a killed conversion
+    (out / ".fastdata" / "shard-00004.json.123.partial").write_text('{"half":')
     before = inodes(out, pin=tmp_path / "pinned")
     with pytest.raises(OutputExistsError, match="unfinished.*--resume"):
         convert_imagefolder(source_root, out, **sharded_options())

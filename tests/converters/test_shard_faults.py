@@ -1,0 +1,205 @@
+"""Sharded conversion faults in real processes: signals, kill -9 and --resume; parts at once; two writers; full disk."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import folder_listing, wait_for
+
+from fastdata import FastdataError, convert_imagefolder
+from fastdata.formats.shards import file_checksum
+
+CLI = [sys.executable, "-m", "fastdata"]
+WORKERS = 2
+
+# The CLI with every image taking DELAY more seconds, so a test can act while it runs.
+SLOW_CLI_SCRIPT = textwrap.dedent(
+    """
+    import os
+    import time
+
+    from fastdata.converters import imageshards
+
+    _real_prepare = imageshards.prepare_one
+
+
+    def _slow_prepare(*args, **kwargs):
+        time.sleep(float(os.environ["DELAY"]))
+        return _real_prepare(*args, **kwargs)
+
+
+    imageshards.prepare_one = _slow_prepare
+
+    if __name__ == "__main__":
+        from fastdata.cli import main
+
+        main()
+    """
+)
+
+
+def slow_convert(folder, delay, src, out, options, *more):
+    """Start ``fastdata convert imagefolder`` with every image ``delay`` seconds slower; return the Popen."""
+    script = folder / "slow_fastdata.py"
+    script.write_text(SLOW_CLI_SCRIPT)
+    command = [sys.executable, os.fspath(script), "convert", "imagefolder", os.fspath(src), os.fspath(out),
+               "--workers", str(WORKERS), *options, *more]
+    return subprocess.Popen(command, env={**os.environ, "DELAY": str(delay)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def fastdata(*args):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, timeout=300)
+
+
+def children(pid):
+    """Return the process ids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(name))
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def folder_bytes(root):
+    """``{relative path: bytes}`` of every file under ``root`` but the lock files (which hold nothing)."""
+    return {name: (root / name).read_bytes() for name in folder_listing(root)
+            if (root / name).is_file() and not name.endswith("lock")}
+
+
+def recorded_shards(root):
+    """Return ``{shard file: inode}`` of the shards with a record, hard-linking each into ``root/../pinned``.
+
+    The links keep the inodes alive, so a shard written later cannot reuse one.
+    """
+    pinned = root.parent / "pinned"
+    pinned.mkdir(exist_ok=True)
+    found = {}
+    for name in os.listdir(root / ".fastdata"):
+        shard = name.replace(".json", ".h5")
+        if name.startswith("shard-") and (root / shard).exists():
+            found[shard] = os.stat(root / shard).st_ino
+            os.link(root / shard, pinned / shard)
+    return found
+
+
+def records(root):
+    """Return the number of task records in ``root`` (0 before the conversion made its folder)."""
+    state = root / ".fastdata"
+    return len([name for name in os.listdir(state) if name.startswith("shard-")]) if state.is_dir() else 0
+
+
+def partials(root):
+    return [name for name in os.listdir(root) if ".partial" in name]
+
+
+# ---------------------------------------------------------------- stopped, then resumed
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(signum=st.sampled_from([signal.SIGINT, signal.SIGTERM, signal.SIGKILL]), wait=st.floats(0, 0.6))
+def test_resume_after_a_signal_gives_the_same_folder(source_root, tmp_path_factory, sharded_reference,
+                                                     sharded_cli_options, sharded_options, signum, wait):
+    folder = tmp_path_factory.mktemp("killed")
+    out = folder / "out"
+    with slow_convert(folder, 0.02, source_root, out, sharded_cli_options()) as child:
+        wait_for(lambda: (out / ".fastdata" / "plan.json").exists() or child.poll() is not None, "the plan")
+        time.sleep(wait)
+        workers = children(child.pid)
+        child.send_signal(signum)
+        child.communicate(timeout=60)
+    wait_for(lambda: not any(map(alive, workers)), "the workers to stop", seconds=30)
+    if signum != signal.SIGKILL:
+        assert partials(out) == []  # a stopped conversion removes its partial shards
+    kept = recorded_shards(out)
+    convert_imagefolder(source_root, out, resume=True, workers=WORKERS, **sharded_options())
+    assert folder_bytes(out) == folder_bytes(sharded_reference())
+    assert {name: os.stat(out / name).st_ino for name in kept} == kept  # every recorded shard was kept
+
+
+def test_rerun_after_kill_9_redoes_at_most_one_shard_per_worker(source_root, tmp_path, sharded_reference,
+                                                                sharded_cli_options):
+    out = tmp_path / "out"
+    with slow_convert(tmp_path, 0.15, source_root, out, sharded_cli_options()) as child:
+        wait_for(lambda: records(out), "a finished shard")
+        workers = children(child.pid)
+        child.kill()
+        child.communicate(timeout=60)
+    wait_for(lambda: not any(map(alive, workers)), "the workers to die with their parent", seconds=30)
+    kept = recorded_shards(out)
+    written = {name: os.stat(out / name).st_ino for name in os.listdir(out) if name.startswith("shard-")}
+    done = fastdata("convert", "imagefolder", source_root, out, "--workers", WORKERS, "--resume",
+                    *sharded_cli_options())
+    assert done.returncode == 0, done.stderr
+    assert folder_bytes(out) == folder_bytes(sharded_reference())
+    assert {name: os.stat(out / name).st_ino for name in kept} == kept
+    redone = [name for name in written if os.stat(out / name).st_ino != written[name]]
+    assert len(redone) <= WORKERS  # finished but not yet recorded when killed: at most one per worker
+    assert 0 < len(kept) < 5  # the kill came mid-run
+
+
+# ---------------------------------------------------------------- two writers, parts
+
+
+def test_a_second_conversion_into_the_same_folder_is_refused(source_root, tmp_path, sharded_reference,
+                                                             sharded_cli_options, sharded_options):
+    out = tmp_path / "out"
+    with slow_convert(tmp_path, 2, source_root, out, sharded_cli_options()) as child:  # 24 s of work
+        wait_for(lambda: (out / ".fastdata" / "plan.json").exists(), "the plan")
+        for more in (["--resume"], ["--overwrite"], ["--part", "1/2"]):
+            done = fastdata("convert", "imagefolder", source_root, out, *sharded_cli_options(), *more)
+            assert done.returncode == 1 and "another conversion is writing" in done.stderr, done.stderr
+        assert child.poll() is None  # refused while the first one ran
+        child.terminate()
+        child.communicate(timeout=60)
+    convert_imagefolder(source_root, out, resume=True, workers=WORKERS, **sharded_options())
+    assert folder_bytes(out) == folder_bytes(sharded_reference())
+
+
+def test_parts_run_at_once_and_the_last_writes_the_index(source_root, tmp_path, sharded_reference,
+                                                         sharded_cli_options):
+    out = tmp_path / "out"
+    command = CLI + ["convert", "imagefolder", os.fspath(source_root), os.fspath(out), "--workers", "1",
+                     *sharded_cli_options()]
+    parts = [subprocess.Popen(command + ["--part", f"{i}/2"], stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for part in parts:
+        assert part.wait(timeout=300) == 0, part.stderr.read()
+        part.stderr.close()
+    assert folder_bytes(out) == folder_bytes(sharded_reference())
+
+
+# ---------------------------------------------------------------- full disk
+
+
+def test_full_disk_keeps_the_finished_shards_and_resume_finishes(source_root, small_disk, sharded_reference,
+                                                                 sharded_options):
+    disk = small_disk(64 << 10)  # 16 pages: the plan and two shards of ~17 KB with their records
+    out = disk / "out"
+    with pytest.raises(FastdataError, match="no space left on the device while writing .*--resume"):
+        convert_imagefolder(source_root, out, workers=1, **sharded_options())
+    assert partials(out) == []
+    kept = recorded_shards(out)
+    assert 0 < len(kept) < 5
+    for name in kept:
+        assert file_checksum(out / name) == file_checksum(sharded_reference() / name)
+    subprocess.run(["mount", "-o", "remount,size=4m", os.fspath(disk)], check=True)
+    convert_imagefolder(source_root, out, resume=True, workers=1, **sharded_options())
+    assert folder_bytes(out) == folder_bytes(sharded_reference())
