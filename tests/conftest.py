@@ -255,6 +255,30 @@ def shard_folders(shard_single, tmp_path_factory):
     return get
 
 
+_TEXT_SHARD_BYTES = 3000  # about 5 reviews of text_corpus a shard
+
+
+@pytest.fixture(scope="session")
+def shard_converted(sharded_reference, text_corpus, tmp_path_factory):
+    """Return ``get(fmt, storage) -> folder``: the converters' shard folder of ``shard_single(fmt, storage)``'s source.
+
+    Images: ``sharded_reference``; "text": ``text_corpus/train`` as ``packed_text`` converts it, in shards. Read-only.
+    """
+    folder = tmp_path_factory.mktemp("shard-converted")
+    cache = {}
+
+    def get(fmt, storage="raw"):
+        if storage != "text":
+            return sharded_reference(fmt, storage)
+        if fmt not in cache:
+            cache[fmt] = folder / f"text-{fmt}"
+            convert_text(text_corpus / "train", cache[fmt], format=fmt, shard_size=_TEXT_SHARD_BYTES, workers=1,
+                         progress=False)
+        return cache[fmt]
+
+    return get
+
+
 @pytest.fixture
 def shard_copy(tmp_path):
     """Return ``copy(folder) -> folder``: a private, writable copy of a shard folder, for tests that damage it."""

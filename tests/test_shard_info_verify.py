@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 from support import column_regions, overwrite, run_cli
 
@@ -21,13 +22,20 @@ def kind(request):
 # ---------------------------------------------------------------- verify
 
 
+@pytest.fixture(params=["converted", "split"])
+def folders(request, shard_converted, shard_folders):
+    """``get(fmt, storage) -> folder``: the converter's shard folders, or single files split into odd shards."""
+    return shard_converted if request.param == "converted" else shard_folders
+
+
 @pytest.mark.parametrize("quick", [False, True])
-def test_an_undamaged_folder_passes(shard_folders, fmt, kind, quick):
-    root = shard_folders(fmt, kind)
+def test_an_undamaged_folder_passes(folders, fmt, kind, quick):
+    root = folders(fmt, kind)
     report = verify(root, quick=quick)
     assert report.ok, str(report)
     assert report.num_samples == 24 and report.format_version == 2
-    assert report.checked[:2] == [INDEX_NAME, "7 shard sizes"] and "crc32 checksums" in report.checked
+    num_shards = read_index(root).num_shards
+    assert report.checked[:2] == [INDEX_NAME, f"{num_shards} shard sizes"] and "crc32 checksums" in report.checked
     assert ("whole-file crc32" in report.checked) != quick and ("labels" in report.checked) != quick
     if kind == "jpeg" and not quick:
         assert "24 JPEGs decode" in report.checked  # counted over every shard, 1-sample shards included
@@ -117,11 +125,12 @@ def test_files_the_index_does_not_list_are_noted(shard_folders, shard_copy):
 # ---------------------------------------------------------------- info
 
 
-def test_info_shows_the_dataset_and_its_shards(shard_folders, shard_single, fmt, kind):
-    root = shard_folders(fmt, kind)
+def test_info_shows_the_dataset_and_its_shards(folders, shard_single, fmt, kind):
+    root = folders(fmt, kind)
     text = describe(root)
+    counts = np.diff(read_index(root).starts)
     assert f"folder:      {os.fspath(root)!r} ({fmt} shards)" in text
-    assert "in 7 shards" in text and "1 to 7 samples each" in text
+    assert f"in {len(counts)} shards" in text and f"{counts.min()} to {counts.max()} samples each" in text
     single = describe(shard_single(fmt, kind)).splitlines()
     assert text.splitlines()[2:] == single[2:]  # the dataset lines are the single file's
     result = run_cli("info", root)

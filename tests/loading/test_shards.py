@@ -26,10 +26,14 @@ def kind(request):
     return request.param
 
 
-@pytest.fixture
-def pair(shard_folders, shard_single, fmt, kind):
-    """``(folder dataset, single-file dataset)`` holding the same samples."""
-    return open_dataset(shard_folders(fmt, kind)), open_dataset(shard_single(fmt, kind))
+@pytest.fixture(params=["converted", "split"])
+def pair(request, shard_converted, shard_folders, shard_single, fmt, kind):
+    """``(folder dataset, single-file dataset)`` holding the same samples.
+
+    The folder is the converter's, or the single file split into odd shards of 1-7 samples.
+    """
+    folders = shard_converted if request.param == "converted" else shard_folders
+    return open_dataset(folders(fmt, kind)), open_dataset(shard_single(fmt, kind))
 
 
 def assert_same_batch(a, b):
@@ -84,6 +88,7 @@ def test_a_folder_without_index_is_not_a_dataset(tmp_path):
 
 def test_len_metadata_classes_and_read_options_are_the_files(pair):
     folder, single = pair
+    assert folder.num_shards >= 4 and single.num_shards == 1  # so batches span shards
     assert len(folder) == len(single) and folder.classes == single.classes
     assert folder.metadata == {key: value for key, value in single.metadata.items() if key not in FILE_KEYS}
     assert folder.read_options == single.read_options
