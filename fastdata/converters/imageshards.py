@@ -150,7 +150,7 @@ def _task(folder, number, bounds, src, found, spec, storage, quality, on_error):
 def _write_image_shard(task):
     """Prepare a task's images, write its shard and its record; return the record (NOTE [shard records])."""
     try:
-        kept, payloads, skipped, stats = _prepare_shard(task)
+        kept, samples, skipped, stats = _prepare_shard(task)
     finally:
         close_c_stderr()
     labels = task.labels[kept]
@@ -159,7 +159,7 @@ def _write_image_shard(task):
                                                                                                      stop]}}
     facts = {"name": None, "bytes": 0, "crc32": None}
     if kept:
-        facts = write_shard(task.root, task.number, task.container, _columns(payloads, labels, task), metadata)
+        facts = write_shard(task.root, task.number, task.container, _columns(samples, labels, task), metadata)
     record = {
         "inputs": [task.start, stop],
         "num_samples": len(kept),
@@ -174,26 +174,36 @@ def _write_image_shard(task):
 
 
 def _prepare_shard(task):
-    """Return ``(kept positions, payloads, [[path, reason, input index], ...] skipped, PixelStats)``."""
+    """Return ``(kept positions, samples, [[path, reason, input index], ...] skipped, PixelStats)``.
+
+    Raw samples go straight into uint8 ``[kept, 3, H, W]`` rows (one shard of
+    memory per worker); JPEG samples are a list of bytes.
+    """
+    spec, rows = task.spec, None
+    if task.storage == "raw":
+        rows = np.empty((len(task.paths), 3, spec.height, spec.width), dtype=np.uint8)
     kept, payloads, skipped, stats = [], [], [], PixelStats()
     for position, path in enumerate(task.paths):
-        ok, payload, sums, reason = prepare_one(os.path.join(task.src, path), task.spec, task.storage, task.quality)
+        ok, payload, sums, reason = prepare_one(os.path.join(task.src, path), spec, task.storage, task.quality)
         if not ok:
             if task.on_error == "raise":
                 handle_bad_input("image", path, task.start + position, reason, "raise")
             skipped.append([path, reason, task.start + position])
             continue
+        if rows is None:
+            payloads.append(payload)
+        else:
+            rows[len(kept)] = payload.transpose(2, 0, 1)
         kept.append(position)
-        payloads.append(payload)
         stats.add(sums)
-    return kept, payloads, skipped, stats
+    return kept, payloads if rows is None else rows[: len(kept)], skipped, stats
 
 
-def _columns(payloads, labels, task):
+def _columns(samples, labels, task):
     if task.storage == "raw":
-        return Columns(np.stack(payloads).transpose(0, 3, 1, 2).copy(), labels)
-    offsets = np.cumsum([0] + [len(p) for p in payloads], dtype=np.int64)
-    return Columns(np.frombuffer(b"".join(payloads), dtype=np.uint8), labels, offsets)
+        return Columns(samples, labels)
+    offsets = np.cumsum([0] + [len(p) for p in samples], dtype=np.int64)
+    return Columns(np.frombuffer(b"".join(samples), dtype=np.uint8), labels, offsets)
 
 
 def shard_folder_metadata(plan, records):

@@ -2,6 +2,8 @@
 
 import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
@@ -96,12 +98,23 @@ def test_shard_folder_is_the_same_bytes_on_an_executor(source_root, tmp_path, sh
 
 def test_shard_folder_is_the_same_bytes_on_a_dask_cluster(source_root, tmp_path, sharded_reference, sharded_options):
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as client:
             convert_imagefolder(source_root, tmp_path / "out", executor=client, **sharded_options())
             workers = client.run(os.getpid)
     assert len(set(workers.values()) - {os.getpid()}) == 2  # real worker processes
     assert folder_bytes(tmp_path / "out") == folder_bytes(sharded_reference())
+
+
+@pytest.mark.slow  # ~10 s: a cluster and a CLI process start
+def test_cli_converts_on_a_dask_scheduler(source_root, tmp_path, sharded_reference, sharded_cli_options):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:
+        done = subprocess.run([sys.executable, "-m", "fastdata", "convert", "imagefolder", os.fspath(source_root),
+                               os.fspath(tmp_path / "out"), "--dask", cluster.scheduler_address,
+                               *sharded_cli_options("arrow", "jpeg")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert folder_bytes(tmp_path / "out") == folder_bytes(sharded_reference("arrow", "jpeg"))
 
 
 # ---------------------------------------------------------------- what the shards hold
@@ -125,6 +138,21 @@ def test_shards_hold_the_single_file_samples_and_metadata(sharded_reference, pac
         assert {key: v for key, v in shard.items() if key not in dataset_only + FILE_KEYS} == {
             key: v for key, v in index.metadata.items() if key not in dataset_only}
     assert index.checksums == [file_checksum(index.path(k)) for k in range(index.num_shards)]
+
+
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+@pytest.mark.parametrize("container", ["hdf5", "arrow"])
+def test_open_dataset_reads_the_folder_as_the_single_file(sharded_reference, packed_files, container, storage):
+    import torch
+
+    from fastdata import open_dataset
+
+    folder, single = open_dataset(sharded_reference(container, storage)), open_dataset(packed_files(container, storage))
+    assert len(folder) == len(single) == NUM_SAMPLES and folder.metadata == {
+        key: value for key, value in single.metadata.items() if key not in FILE_KEYS}
+    spanning = [23, 3, 4, 5, 11, 0, 4]  # unsorted, repeated, across shards
+    for (image, label), (want, want_label) in zip(folder.__getitems__(spanning), single.__getitems__(spanning)):
+        assert torch.equal(image, want) and label == want_label
 
 
 def test_skipped_inputs_are_in_the_index_and_an_all_skipped_shard_is_not_written(source_copy, tmp_path,
