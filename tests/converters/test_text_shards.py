@@ -251,6 +251,21 @@ def test_full_disk_while_writing_shards_is_reported_and_leaves_nothing(tmp_path,
     assert folder_listing(disk) == []
 
 
+def test_staged_ids_and_shards_never_fill_the_disk_twice(tmp_path, small_disk):
+    texts, labels = make_reviews(300, seed=6)
+    src = write_text_file(tmp_path / "reviews.jsonl", texts, labels)
+    probe = convert(src, tmp_path / "probe", tokenizer="bytes", shard_size=32 << 10)
+    index = read_index(probe.path)
+    staged = index.metadata["lengths"]["num_tokens"] * np.dtype(index.metadata["sample_dtype"]).itemsize
+    folder = sum(os.stat(os.path.join(probe.path, name)).st_blocks * 512 for name in os.listdir(probe.path))
+    assert index.num_shards > 10 and max(index.sizes) < staged // 8
+    # Room for the folder and half the staged ids: not for all of both at once.
+    disk = small_disk(folder + staged // 2)
+    convert(src, disk / "out", tokenizer="bytes", shard_size=32 << 10)
+    assert folder_listing(disk / "out") == folder_listing(probe.path)
+    assert os.listdir(disk) == ["out"]
+
+
 # ---------------------------------------------------------------- interrupted
 
 # The CLI with every shard write taking DELAY more seconds, so a test can signal it mid-folder.
@@ -287,12 +302,16 @@ def start_slow_conversion(tmp_path, src, out):
     return subprocess.Popen(command, env={**os.environ, "DELAY": "0.5"}, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for_files(pattern, seconds=120):
+def wait_for_staged_shards(out, count, folders=1, seconds=120):
+    """Wait until ``folders`` conversions into ``out`` each have ``count`` shards in their staging folders."""
+    pattern = os.path.join(glob.escape(os.fspath(out.parent)), f".{out.name}.*.partial", out.name, "shard-*")
     deadline = time.monotonic() + seconds
-    while not (found := glob.glob(pattern)):
-        assert time.monotonic() < deadline, f"timed out waiting for {pattern}"
+    while True:
+        written = [os.path.dirname(path) for path in glob.glob(pattern)]
+        if sum(written.count(folder) >= count for folder in set(written)) >= folders:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {count} shards in {folders} staging folders"
         time.sleep(0.005)
-    return found
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
@@ -300,8 +319,7 @@ def test_interrupted_conversion_leaves_no_folder_and_the_next_run_cleans_up(text
     out = tmp_path / "out" / "shards"
     out.parent.mkdir()
     process = start_slow_conversion(tmp_path, text_corpus / "train", out)
-    staged = os.path.join(glob.escape(os.fspath(out.parent)), ".shards.*.partial", "shards")
-    wait_for_files(os.path.join(staged, shard_name(1, "hdf5")))  # two shards written, more to come
+    wait_for_staged_shards(out, 2)  # two of its six shards written
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode != 0
@@ -324,11 +342,7 @@ def test_concurrent_conversions_to_one_folder_one_wins_the_other_fails_cleanly(t
     out.parent.mkdir()
     first = start_slow_conversion(tmp_path, text_corpus / "train", out)
     second = start_slow_conversion(tmp_path, textshard_source, out)
-    staged = os.path.join(glob.escape(os.fspath(out.parent)), ".shards.*.partial", "shards", shard_name(1, "hdf5"))
-    deadline = time.monotonic() + 120
-    while len(glob.glob(staged)) < 2:  # both are past their checks, writing shards
-        assert time.monotonic() < deadline, "timed out waiting for both conversions"
-        time.sleep(0.005)
+    wait_for_staged_shards(out, 1, folders=2)  # both are past their checks, writing shards
     results = [process.communicate(timeout=120)[1] for process in (first, second)]
     codes = sorted(process.returncode for process in (first, second))
     assert codes == [0, 1], results
