@@ -50,6 +50,7 @@ KILL_TRIES = 3
 LOAD_VS_LIMIT = 0.8
 LOAD_VS_FILE = 0.9  # "within noise" of the single file
 RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs
+BIG, SMALL, SINGLE = "64-raw-64MiB-big", "64-raw-64MiB-small", "64-raw-one-file"  # the first three conversions
 
 CONVERT_SCRIPT = """\
 import json, sys, time
@@ -105,8 +106,9 @@ def run(config, fresh):
     big = source(workdir, config["shard_images"], config["seed"])
     small = source(workdir, config["shard_compare"], config["seed"])
     shard_bytes = max(64 << 10, small["num_images"] * 3 * RAW[0] ** 2 // COMPARE_SHARDS)
-    conversions = [convert(big, workdir, RAW, None, "local", WORKERS, "rss_big"),
-                   convert(small, workdir, RAW, None, "local", WORKERS, "rss_small")]
+    conversions = [convert(big, workdir, RAW, None, "local", WORKERS, BIG),
+                   convert(small, workdir, RAW, None, "local", WORKERS, SMALL),
+                   convert(small, workdir, RAW, None, "local", WORKERS, SINGLE)]
     for size, storage in (RAW, JPEG):
         conversions.append(pool_row(small, size, storage))
         for engine, workers in (("local", 1), ("local", WORKERS), ("dask", WORKERS)):
@@ -118,8 +120,8 @@ def run(config, fresh):
             conversions.append(convert(small, workdir, (size, storage), shard_bytes, engine, workers))
     check_identical(conversions)
     resume = resume_run(small, workdir, shard_bytes)
-    folder = next(r["out"] for r in conversions if r["key"] == f"{RAW[0]}-raw-local-{WORKERS}")
-    loading = loading_rows(config, fresh, small, workdir, folder)
+    outputs = {row["key"]: row.get("out") for row in conversions}
+    loading = loading_rows(config, fresh, small, outputs[SINGLE], outputs[f"{RAW[0]}-raw-local-{WORKERS}"])
     peers = [litdata_row(small, workdir, shard_bytes),
              {"key": "mosaic", "tool": "Mosaic Streaming MDSWriter", "skipped": MOSAIC_NOTE}]
     results = {"source": big, "compare_source": small, "shard_bytes": shard_bytes, "workers": WORKERS,
@@ -167,30 +169,35 @@ def photo_sizes(root):
 
 
 def convert(src, workdir, what, shard_bytes, engine, workers, key=None):
-    """Convert ``src`` to a shard folder in a watched subprocess; return its row."""
+    """Convert ``src`` in a watched subprocess to a shard folder (to one file for key SINGLE); return its row."""
     from fastdata.formats.shards import read_index
     from fastdata.measure.conversion import folder_usage, run_watched
 
     size, storage = what
     key = key or f"{size}-{storage}-{engine}-{workers}"
-    out = os.path.join(workdir, "out", f"{src['num_images']}-{key}")
-    shutil.rmtree(out, ignore_errors=True)
+    folder = os.path.join(workdir, "out", f"{src['num_images']}-{key}")
+    shutil.rmtree(folder, ignore_errors=True)
+    out = folder if key != SINGLE else os.path.join(folder, "data.h5")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     args = {"src": src["root"], "out": out, "size": size, "storage": storage, "shard_size": shard_bytes,
             "engine": engine, "workers": workers}
     print(f"  {key}: {src['num_images']} images ...", end="", flush=True)
-    watched = run_watched([sys.executable, "-c", CONVERT_SCRIPT, json.dumps(args)], out)
+    watched = run_watched([sys.executable, "-c", CONVERT_SCRIPT, json.dumps(args)], folder)
     if watched.returncode != 0:
         raise RuntimeError(f"converting {src['root']} to {out} failed:\n{watched.stderr[-3000:]}")
-    done, index = watched.json(), read_index(out)
-    final_bytes, final_disk = folder_usage(out)
+    done = watched.json()
+    index = read_index(out) if key != SINGLE else None
+    final_bytes, final_disk = folder_usage(folder)
     row = {"key": key, "out": out, "size": size, "storage": storage, "engine": engine, "workers": workers,
            "num_images": src["num_images"], "num_samples": done["num_samples"], "skipped_images": done["skipped"],
-           "shard_size": shard_bytes, "num_shards": index.num_shards, "shard_bytes": int(sum(index.sizes)),
-           "checksums": list(index.checksums), "seconds": done["seconds"], "wall_seconds": watched.seconds,
+           "shard_size": shard_bytes, "num_shards": index.num_shards if index else 1,
+           "shard_bytes": int(sum(index.sizes)) if index else os.path.getsize(out),
+           "checksums": list(index.checksums) if index else None, "seconds": done["seconds"],
+           "wall_seconds": watched.seconds,
            "cluster_seconds": done["cluster_seconds"], "images_per_s": done["num_samples"] / done["seconds"],
            "final_bytes": final_bytes, "final_disk": final_disk, **watched.peaks.to_dict()}
     row["peak_disk_ratio"] = row["disk"] / final_disk
-    print(f" {row['images_per_s']:,.0f} img/s, {index.num_shards} shards, peak disk {row['peak_disk_ratio']:.2f}x "
+    print(f" {row['images_per_s']:,.0f} img/s, {row['num_shards']} shards, peak disk {row['peak_disk_ratio']:.2f}x "
           f"final, RSS driver {row['driver_rss'] / 1e6:,.0f} MB, worker {row['worker_rss'] / 1e6:,.0f} MB", flush=True)
     return row
 
@@ -214,7 +221,7 @@ def pool_row(src, size, storage):
 def check_identical(rows):
     """Record, for each (size, storage), whether every engine and process count wrote the same shards."""
     for what in (RAW, JPEG):
-        written = [r for r in rows if (r["size"], r["storage"]) == what and "checksums" in r and r["shard_size"]]
+        written = [r for r in rows if (r["size"], r["storage"]) == what and r.get("checksums") and r["shard_size"]]
         same = all(r["checksums"] == written[0]["checksums"] for r in written)
         for row in written:
             row["identical"] = same
@@ -271,21 +278,11 @@ def _checked(watched, what):
 # ---------------------------------------------------------------- loading
 
 
-def loading_rows(config, fresh, src, workdir, folder):
-    """Measure make_loader on the shard ``folder`` and on one file of the same images, and the memcpy limits."""
-    from fastdata import convert_imagefolder
-
-    single = os.path.join(workdir, "out", f"{src['num_images']}-{RAW[0]}-raw-single.h5")
-    print(f"  one file of the same images: {single} ...", flush=True)
-    started = time.perf_counter()
-    convert_imagefolder(src["root"], single, size=RAW[0], storage=RAW[1], workers=WORKERS, overwrite=True,
-                        progress=False)
-    single_seconds = time.perf_counter() - started
+def loading_rows(config, fresh, src, single, folder):
+    """Measure make_loader on the shard ``folder`` and on the ``single`` file of the same images; the memcpy limits."""
     setup = {"files": {"hdf5-raw": single, "shards-raw": folder}, "num_samples": src["num_images"],
              **{key: config[key] for key in ("batch_size", "repeats", "min_seconds", "seed")}}
-    rows = [fresh.run_median(config["process_repeats"], measure_row, row, setup) for row in loading_plan()]
-    rows[0]["conversion_seconds"] = single_seconds
-    return rows
+    return [fresh.run_median(config["process_repeats"], measure_row, row, setup) for row in loading_plan()]
 
 
 def loading_plan():
@@ -344,13 +341,13 @@ def summarize(results):
                                ours["images_per_s"] / pool["images_per_s"], CONVERT_VS_POOL,
                                f"{ours['images_per_s']:,.0f} vs {pool['images_per_s']:,.0f} img/s"))
     for row in results["conversions"]:
-        if "disk" in row:
+        if "disk" in row and row["key"] != SINGLE:
             slack = row["final_disk"] + DISK_SLACK_SHARDS * (row["shard_size"] or DEFAULT_SHARD_BYTES)
             targets.append(_target(f"shards {row['key']} ({row['num_images']:,} images): peak disk / final size",
                                    row["peak_disk_ratio"], slack / row["final_disk"],
                                    f"{row['disk'] / 1e6:,.1f} MB at peak, {row['final_disk'] / 1e6:,.1f} MB final; "
                                    f"bar: final + {DISK_SLACK_SHARDS} shards", at_least=False))
-    big, small = rows["rss_big"], rows["rss_small"]
+    big, small = rows[BIG], rows[SMALL]
     for part in ("driver_rss", "worker_rss"):
         if not big[part] or not small[part]:  # one shard or less: converted in the driver, no workers
             continue
@@ -382,10 +379,12 @@ def text(results):
         f"## Shards: ImageNet-like folders of {src['num_images']:,} and {small['num_images']:,} varied JPEGs "
         f"(mean {src['mean_width']:.0f}x{src['mean_height']:.0f}, {src['distinct_files']:,} distinct files "
         "hard-linked)", "", conversion_table(results["conversions"]), "",
-        f"Shard size: the default (64 MiB) for the first two rows, {results['shard_bytes'] / 2**20:.2f} MiB "
-        "(a 32nd of the 64 px raw pixels) for the others. img/s: images over the seconds of the convert_imagefolder "
-        "call in its own process (a Pool row: its start-up included). Peak disk: the output folder's allocated "
-        "blocks, hidden partial shards included, sampled every 50 ms. RSS: the converting process (driver) and its "
+        f"Shard size: the default (64 MiB) for the first two rows; the third writes one .h5 file (staged, as "
+        f"before shards); {results['shard_bytes'] / 2**20:.2f} MiB (a 32nd of the 64 px raw pixels) for the "
+        "others, so that a shuffled batch of the loading rows touches about as many shards as one of a 64 MiB "
+        "folder of 200,000 images (37 shards). img/s: images over the seconds of the convert_imagefolder call in "
+        "its own process (a Pool row: its start-up included). Peak disk: the output folder's allocated blocks, "
+        "hidden partial shards included, sampled every 50 ms. RSS: the converting process (driver) and its "
         "largest descendant (worker; under Dask the nannies and workers).", "",
         resume_text(results["resume"]), "", loading_table(results["loading"]), "",
         peers_table(results["peers"]),

@@ -29,7 +29,8 @@ def section(tmp_path_factory):
 
 
 def written(section):
-    return [row for row in section["conversions"] if "disk" in row]
+    """Return the rows of the shard folders written and watched."""
+    return [row for row in section["conversions"] if "disk" in row and row["key"] != shards.SINGLE]
 
 
 def test_every_conversion_keeps_every_image_and_is_timed(section):
@@ -48,6 +49,12 @@ def test_shard_sizes_add_up_to_the_folder_and_the_peak_is_at_least_the_final_siz
         assert row["final_bytes"] > row["shard_bytes"]  # plus index.json
         assert row["disk"] >= row["final_disk"] > 0 and row["disk_bytes"] >= row["final_bytes"]
         assert row["peak_disk_ratio"] >= 1 and row["readings"] >= 2
+
+
+def test_the_single_file_row_holds_the_same_images_in_one_file(section):
+    row = next(row for row in section["conversions"] if row["key"] == shards.SINGLE)
+    assert row["out"].endswith(".h5") and row["shard_bytes"] == os.path.getsize(row["out"])
+    assert row["num_samples"] == section["compare_source"]["num_images"] and row["disk"] >= row["final_disk"] > 0
 
 
 def test_the_small_shards_are_byte_identical_across_processes_and_engines(section):
