@@ -95,8 +95,8 @@ if __name__ == "__main__":
              num_workers=args["workers"], mode="overwrite")
     print(json.dumps({"seconds": time.perf_counter() - started, "num_samples": len(items)}))
 """
-MOSAIC_NOTE = ("not installed: pip install mosaicml-streaming would replace numpy 2.4.6 with 2.1.3 and tokenizers "
-               "0.23.3 with 0.22.2 in this environment")
+MOSAIC_NOTE = ("not timed: installing mosaicml-streaming 0.13.0 here would replace numpy 2.4.6 with 2.1.3 and "
+               "tokenizers 0.23.3 with 0.22.2 (pip --dry-run with the project's constraints)")
 
 
 def run(config, fresh):
@@ -316,8 +316,10 @@ def litdata_row(src, workdir, shard_bytes):
     args = {"src": src["root"], "out": out, "size": RAW[0], "shard_size": shard_bytes, "workers": WORKERS}
     print(f"  LitData optimize: {src['num_images']} images ...", end="", flush=True)
     env = {**os.environ, "TQDM_DISABLE": "1"}
-    watched = _checked(run_watched([sys.executable, "-c", LITDATA_SCRIPT, json.dumps(args)], out, env=env),
-                       "LitData optimize")
+    watched = run_watched([sys.executable, "-c", LITDATA_SCRIPT, json.dumps(args)], out, env=env)
+    if watched.returncode != 0:  # another tool's failure is a row of the table, not the section's end
+        print(" failed", flush=True)
+        return {**row, "skipped": f"failed ({watched.returncode}): {watched.stderr.strip().splitlines()[-1:]}"}
     done = watched.json()
     final_bytes, final_disk = folder_usage(out)
     row.update(seconds=done["seconds"], wall_seconds=watched.seconds, num_samples=done["num_samples"],

@@ -95,3 +95,10 @@ def test_targets_are_finite_ratios_and_the_report_renders_them(section):
     assert all(math.isfinite(t["value"]) and t["value"] > 0 and isinstance(t["pass"], bool) for t in targets)
     text = section["text"]
     assert text.startswith("## Shards") and "| conversion" in text and "Resume:" in text and "| loading" in text
+
+
+@pytest.mark.skipif(shards.installed_version("litdata") is None, reason="litdata is not installed")
+def test_a_peer_that_fails_is_a_row_saying_so(tmp_path):
+    (tmp_path / "out").mkdir()
+    row = shards.litdata_row({"root": str(tmp_path / "missing"), "num_images": 3}, str(tmp_path), 1 << 20)
+    assert row["skipped"].startswith("failed (1)") and "SourceError" in row["skipped"]
