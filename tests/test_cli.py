@@ -258,7 +258,7 @@ USER_ERRORS = [
     (["convert", "text", "t.txt", "o.h5", "--tokenizer", "nope"], "NotFoundError", "'nope' does not exist"),
     (["convert", "text", "t.txt", "o.h5", "--source-format", "folder"], "OptionError", "does not fit"),
     (["convert", "text", "t.txt", "o.h5", "--tokenizer", "bytes", "--min-freq", "2"], "OptionError", "'words'"),
-    (["convert", "text", "t.txt", "o.h5", "--format", "arrow"], "OptionError", "apply to a shard folder"),
+    (["convert", "text", "t.txt", "o.h5", "--format", "arrow"], "OptionError", "disagrees with the extension"),
     (["convert", "text", "t.txt", "nowhere/o.h5"], "NotFoundError", "output folder"),
     (["convert", "text", "t.txt", "vocab.h5"], "OutputExistsError", "already exists"),  # made by the test
     (["convert", "imagefolder", "empty", "o.h5", "--size", "3x"], "OptionError", "--size"),

@@ -24,6 +24,7 @@ import numpy as np
 from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.converters.shards import DEFAULT_SHARD_BYTES, container_of, is_folder_output, write_shard
 from fastdata.converters.staging import allocated_memmap, staged_output
 from fastdata.converters.textsources import (
     SOURCE_FORMATS,
@@ -35,16 +36,9 @@ from fastdata.converters.textsources import (
 )
 from fastdata.errors import NotFoundError, OptionError, SourceError
 from fastdata.formats import Columns, write_packed
-from fastdata.formats.shards import (
-    CONTAINER_EXTENSIONS,
-    file_checksum,
-    read_index,
-    shard_name,
-    write_index,
-)
+from fastdata.formats.shards import read_index, write_index
 
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
-DEFAULT_SHARD_BYTES = 64 << 20  # until fastdata.converters.shards defines the one default
 _SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
 # Per-sample facts every shard file holds (the dataset-wide ones live in the index only).
 _SHARD_KEYS = ("kind", "storage", "sample_shape", "sample_dtype", "classes", "tokenizer", "preprocessing")
@@ -366,19 +360,19 @@ def _length_stats(lengths, truncated):
 
 def _shard_options(out, format, shard_size, on_error):
     """Return the shard folder's settings, or None when ``out`` is one packed file."""
-    if os.fspath(out).lower().endswith(PACKED_EXTENSIONS):
-        if format is not None or shard_size is not None:
-            raise OptionError(f"format and shard_size apply to a shard folder; {os.fspath(out)!r} is one file "
-                              "(its extension picks the format). Give a folder name to write shards")
+    container = container_of(out, format)
+    if not is_folder_output(out):
+        if shard_size is not None:
+            raise OptionError(f"shard_size needs a shard folder, not the file {os.fspath(out)!r}; give a folder "
+                              "name (without .h5, .hdf5 or .arrow) to write shards")
         return None
-    check_choice("format", format or "hdf5", tuple(CONTAINER_EXTENSIONS))
     if shard_size is None:
         shard_size = DEFAULT_SHARD_BYTES
     if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)):
         raise TypeError(f"shard_size should be a number of bytes, got {type(shard_size).__name__}")
     if shard_size < 1:
         raise OptionError(f"shard_size should be a positive number of bytes, got shard_size={shard_size}")
-    return {"converter": "text", "container": format or "hdf5", "shard_size": int(shard_size), "on_error": on_error}
+    return {"converter": "text", "container": container, "shard_size": int(shard_size), "on_error": on_error}
 
 
 def _shard_bounds(sizes, shard_size):
@@ -400,6 +394,11 @@ def _shard_bounds(sizes, shard_size):
     return np.array(bounds, dtype=np.int64)
 
 
+# NOTE [text shard cost]: a shard costs about 10 ms besides its bytes: ~5 ms to fsync it, the rest its
+# metadata (tokenizer with its vocabulary, length percentiles) and whole-file crc32. Measured on the 2-core VM
+# writing 10,000 synthetic reviews (5.4 MB of ids, 9k words) from memory, 3 runs, hdf5: one file 9-18 ms; one
+# shard 43-55 ms; 6 shards (1 MiB) 68-112 ms; 22 shards (256 KiB) 261-308 ms, 123-188 ms without fsync. The
+# whole conversion (tokenizing, 2 workers) took 3.5-7 s, single file and folder alike, within the VM's noise.
 def _write_shard_folder(root, settings, sink, table, labels, metadata, truncated, kept, num_inputs):
     """Write the ids of ``sink`` (mapped through ``table`` unless None) into ``root`` as shards, then the index.
 
@@ -423,37 +422,23 @@ def _write_shard_folder(root, settings, sink, table, labels, metadata, truncated
     bounds = _shard_bounds(lengths * np.dtype(metadata["sample_dtype"]).itemsize + _SAMPLE_BYTES,
                            settings["shard_size"])
     inputs = np.concatenate([[0], np.asarray(kept, dtype=np.int64)[bounds[1:-1]], [num_inputs]])
-    facts = {key: metadata[key] for key in _SHARD_KEYS}
+    per_sample = {key: metadata[key] for key in _SHARD_KEYS}
     shards = []
     for number in reversed(range(len(bounds) - 1)):
         start, stop = int(bounds[number]), int(bounds[number + 1])
         ids = sink.pop_from(offsets[start])
         part = Columns(ids if table is None else np.take(table, ids), labels[start:stop],
                        offsets[start : stop + 1] - offsets[start])
-        path = os.path.join(root, shard_name(number, container))
-        write_packed(path, part, {
-            **facts,
+        facts = write_shard(root, number, container, part, {
+            **per_sample,
             "num_samples": stop - start,
             "lengths": _length_stats(lengths[start:stop], truncated[start:stop]),
             "shard": {"number": number, "inputs": inputs[number : number + 2].tolist()},
         })
-        _flush_to_disk(path)
-        shards.append({"name": os.path.basename(path), "num_samples": stop - start,
-                       "bytes": os.path.getsize(path), "crc32": file_checksum(path)})
+        shards.append({**facts, "num_samples": stop - start})
     shards.reverse()
     settings = {**settings, "preprocessing": metadata["preprocessing"], "source": metadata["source"]}
     write_index(root, container, metadata, settings, shards)
-
-
-# NOTE [text shard cost]: a shard costs about 10 ms besides its bytes: ~5 ms to fsync it, the rest its
-# metadata (tokenizer with its vocabulary, length percentiles) and whole-file crc32. Measured on the 2-core VM
-# writing 10,000 synthetic reviews (5.4 MB of ids, 9k words) from memory, 3 runs, hdf5: one file 9-18 ms; one
-# shard 43-55 ms; 6 shards (1 MiB) 68-112 ms; 22 shards (256 KiB) 261-308 ms, 123-188 ms without fsync. The
-# whole conversion (tokenizing, 2 workers) took 3.5-7 s, single file and folder alike, within the VM's noise.
-def _flush_to_disk(path):
-    """fsync ``path``: the index, written after, never names a shard that a power cut could lose."""
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
 
 
 

@@ -157,10 +157,17 @@ def test_bad_shard_options_are_refused_before_any_work(textshard_source, tmp_pat
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("options", [{"format": "arrow"}, {"shard_size": 1000}])
-def test_shard_options_with_a_single_file_output_are_refused(textshard_source, tmp_path, options):
-    with pytest.raises(OptionError, match="apply to a shard folder"):
+@pytest.mark.parametrize(("options", "match"), [({"format": "arrow"}, "disagrees with the extension"),
+                                                ({"shard_size": 1000}, "shard_size needs a shard folder")])
+def test_shard_options_with_a_single_file_output_are_refused(textshard_source, tmp_path, options, match):
+    with pytest.raises(OptionError, match=match):
         convert(textshard_source, tmp_path / "one.h5", **options)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_format_that_agrees_with_the_extension_writes_the_single_file(textshard_source, tmp_path):
+    convert(textshard_source, tmp_path / "one.arrow", format="arrow")
+    assert os.listdir(tmp_path) == ["one.arrow"]
 
 
 @pytest.mark.parametrize("container", list(FORMATS))
@@ -233,7 +240,7 @@ def test_cli_bad_shard_size_is_a_usage_error(text_corpus, tmp_path, text):
 def test_cli_shard_size_with_a_single_file_is_one_error_line(text_corpus, tmp_path):
     result = run_cli("convert", "text", text_corpus / "train", tmp_path / "out.h5", "--shard-size", "1MB")
     assert result.exit_code == 1
-    assert "apply to a shard folder" in one_error_line(result)
+    assert "shard_size needs a shard folder" in one_error_line(result)
 
 
 def test_full_disk_while_writing_shards_is_reported_and_leaves_nothing(tmp_path, small_disk):
@@ -276,15 +283,16 @@ SLOW_SHARDS_SCRIPT = textwrap.dedent(
 
     from fastdata.converters import text
 
-    _real_write_packed = text.write_packed
+    _real_write_shard = text.write_shard
 
 
-    def _slow_write_packed(path, columns, metadata):
-        _real_write_packed(path, columns, metadata)
+    def _slow_write_shard(*args):
+        facts = _real_write_shard(*args)
         time.sleep(float(os.environ["DELAY"]))
+        return facts
 
 
-    text.write_packed = _slow_write_packed
+    text.write_shard = _slow_write_shard
 
     if __name__ == "__main__":
         from fastdata.cli import main
