@@ -219,6 +219,10 @@ def test_cli_writes_the_same_folder_as_the_library(text_corpus, tmp_path):
     assert names == folder_listing(tmp_path / "lib") and len(names) > 2
     for name in names:
         assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "lib" / name).read_bytes(), name
+    info = run_cli("info", tmp_path / "cli")
+    assert info.exit_code == 0 and "(arrow shards)" in info.output and "samples:     24" in info.output, info.output
+    verified = run_cli("verify", tmp_path / "cli")
+    assert verified.exit_code == 0 and ": ok (" in verified.output, verified.output
 
 
 @pytest.mark.parametrize(("text", "size"), [("64MB", 64 * 10**6), ("256MiB", 256 << 20), ("1GB", 10**9),
