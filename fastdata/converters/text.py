@@ -24,8 +24,8 @@ import numpy as np
 from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
-from fastdata.converters.shards import DEFAULT_SHARD_BYTES, container_of, is_folder_output, write_shard
 from fastdata.converters.staging import allocated_memmap, staged_output
+from fastdata.converters.textshards import length_stats, shard_options, write_shard_folder
 from fastdata.converters.textsources import (
     SOURCE_FORMATS,
     UNLABELED_FOLDER,
@@ -36,15 +36,11 @@ from fastdata.converters.textsources import (
 )
 from fastdata.errors import NotFoundError, OptionError, SourceError
 from fastdata.formats import Columns, write_packed
-from fastdata.formats.shards import read_index, write_index
+from fastdata.formats.shards import read_index
 
 PACKED_EXTENSIONS = (".h5", ".hdf5", ".arrow")
-_SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
-# Per-sample facts every shard file holds (the dataset-wide ones live in the index only).
-_SHARD_KEYS = ("kind", "storage", "sample_shape", "sample_dtype", "classes", "tokenizer", "preprocessing")
 _REMAP_CHUNK = 1 << 24  # provisional ids rewritten this many at a time
 _WRITE_TOKENS = 1 << 20  # ids gathered in memory before one write
-_PERCENTILES = (50, 90, 95, 99)
 
 __all__ = ["SOURCE_FORMATS", "UNLABELED_FOLDER", "convert_text", "find_texts"]
 
@@ -125,7 +121,7 @@ def convert_text(
     """
     started = time.perf_counter()
     check_choice("on_error", on_error, ON_ERROR)
-    shards = _shard_options(out, format, shard_size, on_error)
+    shards = shard_options(out, format, shard_size, on_error)
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
@@ -151,9 +147,9 @@ def convert_text(
                 if table is not None:
                     sink.remap(table, tokenizer.dtype)
                 write_packed(staged_path, Columns(sink.values(), labels, sink.offsets()), metadata)
-            else:  # shard files (NOTE [shards from the end]), then the index
-                _write_shard_folder(staged_path, shards, sink, table, labels, metadata, truncated, kept,
-                                    len(inputs.names))
+            else:  # shard files, then the index (see NOTE [shards from the end] in textshards)
+                write_shard_folder(staged_path, shards, sink, table, labels, metadata, truncated, kept,
+                                   len(inputs.names))
     return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "doc")
 
 
@@ -326,7 +322,7 @@ def _metadata(inputs, src, offsets, labels, unk, classes, tokenizer, truncated, 
             "min_freq": min_freq,
             "max_vocab": max_vocab,
         },
-        "lengths": _length_stats(lengths, truncated),
+        "lengths": length_stats(lengths, truncated),
         "unk_fraction": round(unk / max(1, int(lengths.sum())), 6),
         "source": source,
         "skipped": [{"path": name, "reason": reason} for name, reason in skipped],
@@ -341,106 +337,6 @@ def _count_unk(sink, table, unk_id):
         return sum(int(np.count_nonzero(chunk == unk_id)) for chunk in sink.chunks())
     is_unk = table == unk_id
     return sum(int(np.count_nonzero(is_unk[chunk])) for chunk in sink.chunks())
-
-
-def _length_stats(lengths, truncated):
-    """Describe int64 sample ``lengths`` [N]; ``truncated``: bool [N], cut at max_length."""
-    return {
-        "min": int(lengths.min()),
-        "max": int(lengths.max()),
-        "mean": round(float(lengths.mean()), 3),
-        **{f"p{q}": float(v) for q, v in zip(_PERCENTILES, np.percentile(lengths, _PERCENTILES))},
-        "num_tokens": int(lengths.sum()),
-        "truncated": int(np.count_nonzero(truncated)),
-    }
-
-
-# ----- shard folder ------------------------------------------------------------------------------------
-
-
-def _shard_options(out, format, shard_size, on_error):
-    """Return the shard folder's settings, or None when ``out`` is one packed file."""
-    container = container_of(out, format)
-    if not is_folder_output(out):
-        if shard_size is not None:
-            raise OptionError(f"shard_size needs a shard folder, not the file {os.fspath(out)!r}; give a folder "
-                              "name (without .h5, .hdf5 or .arrow) to write shards")
-        return None
-    if shard_size is None:
-        shard_size = DEFAULT_SHARD_BYTES
-    if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)):
-        raise TypeError(f"shard_size should be a number of bytes, got {type(shard_size).__name__}")
-    if shard_size < 1:
-        raise OptionError(f"shard_size should be a positive number of bytes, got shard_size={shard_size}")
-    return {"converter": "text", "container": container, "shard_size": int(shard_size), "on_error": on_error}
-
-
-def _shard_bounds(sizes, shard_size):
-    """Cut consecutive samples into shards of at most ``shard_size`` bytes, each as full as it can be.
-
-    Args:
-        sizes: int64 ``[N]`` stored bytes of each sample.
-        shard_size: bytes per shard; a sample larger than that is a shard of its own.
-
-    Returns:
-        int64 ``[S + 1]``: shard ``k`` holds samples ``bounds[k]:bounds[k + 1]``.
-    """
-    ends = np.cumsum(sizes, dtype=np.int64)
-    bounds = [0]
-    while bounds[-1] < len(ends):
-        start = bounds[-1]
-        limit = (ends[start - 1] if start else 0) + shard_size
-        bounds.append(max(start + 1, int(np.searchsorted(ends, limit, side="right"))))
-    return np.array(bounds, dtype=np.int64)
-
-
-# NOTE [text shard cost]: a shard costs about 10 ms besides its bytes: ~5 ms to fsync it, the rest its
-# metadata (tokenizer with its vocabulary, length percentiles) and whole-file crc32. Measured on the 2-core VM
-# writing 10,000 synthetic reviews (5.4 MB of ids, 9k words) from memory, 3 runs, hdf5: one file 9-18 ms; one
-# shard 43-55 ms; 6 shards (1 MiB) 68-112 ms; 22 shards (256 KiB) 261-308 ms, 123-188 ms without fsync. The
-# whole conversion (tokenizing, 2 workers) took 3.5-7 s, single file and folder alike, within the VM's noise.
-def _write_shard_folder(root, settings, sink, table, labels, metadata, truncated, kept, num_inputs):
-    """Write the ids of ``sink`` (mapped through ``table`` unless None) into ``root`` as shards, then the index.
-
-    NOTE [shards from the end]: shards are written from the last to the
-    first, each from the ids read off the end of the staging file, which is
-    then cut short: the ids are never on disk twice, so the peak is the
-    staged ids plus one shard (the issue asks for "final size + one shard").
-    Provisional ids take 4 bytes, so a built vocabulary of 2-byte ids still
-    peaks at about twice the folder. Measured (fastdata.measure.conversion's
-    run_watched, disk sampled every 5 ms, 10,000 synthetic reviews, words):
-    peak 16.1 MB for a folder of 5.6-5.9 MB when the ids were renumbered
-    into a second staging file and the shards written after it (2.7-2.9x),
-    10.7 MB now (1.8-1.9x); a single file still peaks at 16.1 MB (2.9x).
-
-    Shard ``k`` records its sample range's inputs: from its first sample's
-    input (0 for the first shard) to the next shard's, so skipped inputs
-    belong to the shard after them and the ranges cover every input.
-    """
-    container, offsets = settings["container"], sink.offsets()
-    lengths = np.diff(offsets)
-    bounds = _shard_bounds(lengths * np.dtype(metadata["sample_dtype"]).itemsize + _SAMPLE_BYTES,
-                           settings["shard_size"])
-    inputs = np.concatenate([[0], np.asarray(kept, dtype=np.int64)[bounds[1:-1]], [num_inputs]])
-    per_sample = {key: metadata[key] for key in _SHARD_KEYS}
-    shards = []
-    for number in reversed(range(len(bounds) - 1)):
-        start, stop = int(bounds[number]), int(bounds[number + 1])
-        ids = sink.pop_from(offsets[start])
-        part = Columns(ids if table is None else np.take(table, ids), labels[start:stop],
-                       offsets[start : stop + 1] - offsets[start])
-        facts = write_shard(root, number, container, part, {
-            **per_sample,
-            "num_samples": stop - start,
-            "lengths": _length_stats(lengths[start:stop], truncated[start:stop]),
-            "shard": {"number": number, "inputs": inputs[number : number + 2].tolist()},
-        })
-        shards.append({**facts, "num_samples": stop - start})
-    shards.reverse()
-    settings = {**settings, "preprocessing": metadata["preprocessing"], "source": metadata["source"]}
-    write_index(root, container, metadata, settings, shards)
-
-
 
 
 def _chunks(values):

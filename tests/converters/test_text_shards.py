@@ -285,9 +285,9 @@ SLOW_SHARDS_SCRIPT = textwrap.dedent(
     import os
     import time
 
-    from fastdata.converters import text
+    from fastdata.converters import textshards
 
-    _real_write_shard = text.write_shard
+    _real_write_shard = textshards.write_shard
 
 
     def _slow_write_shard(*args):
@@ -296,7 +296,7 @@ SLOW_SHARDS_SCRIPT = textwrap.dedent(
         return facts
 
 
-    text.write_shard = _slow_write_shard
+    textshards.write_shard = _slow_write_shard
 
     if __name__ == "__main__":
         from fastdata.cli import main
