@@ -7,7 +7,10 @@ bytes into DataLoader workers under fork, spawn or forkserver, and no file
 handle or mapping is shared across processes. All per-sample state (labels,
 offsets, pixels) lives in numpy arrays over the memory map, never in Python
 lists or dicts, so workers do not copy pages by touching refcounts and their
-memory stays flat over an epoch.
+memory stays flat over an epoch. A shard folder keeps its index (shard names,
+int64 sample starts and sizes) and opens each shard on first touch, a bounded
+number at a time (NOTE [open shards] in shards.py); its labels and lengths
+are int64 arrays concatenated from the shards on first ask.
 
 NOTE [fingerprint]: a packed file is immutable while it is read. The
 dataset keeps the file's ``(size, mtime_ns, inode)`` from when it was made
@@ -21,7 +24,9 @@ one batch wide. Measured on 2 shared cores (best of 30 x 10,000 calls): one
 check costs 2.8 us (os.stat 2.3 us), against 60-120 us for a read_batch of
 64-256 raw 32x32 or 64x64 images (2-5%) and milliseconds for JPEG batches;
 an item read alone takes ~10 us, so ds[i] pays ~25%, while DataLoader reads
-through __getitems__ with one check per batch.
+through __getitems__ with one check per batch. The checks live in
+ShardStore, which holds one file as a single shard; the shards of a folder
+are compared less often (NOTE [shard fingerprint] in shards.py).
 """
 
 import os

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import column_regions, overwrite
+from support import column_regions, overwrite, start_methods
 
 from fastdata import ArrowDataset, HDF5Dataset, make_loader, open_dataset
 from fastdata.errors import FormatError, NotFoundError
@@ -211,6 +211,33 @@ def test_max_open_shards_must_be_positive(shard_folders):
         open_dataset(shard_folders("hdf5", "raw"), max_open_shards=0)
 
 
+def read_in_child(dataset, indices, queue):
+    """Process target: read from a dataset that the parent opened and read."""
+    batch = dataset.read_batch(np.asarray(indices))[0].numpy()
+    queue.put((os.getpid(), dataset._store._pid, batch, open_shard_files(dataset.path)[1]))
+
+
+def test_a_forked_child_opens_its_own_shards(shard_folders, fmt):
+    import multiprocessing
+
+    root = shard_folders(fmt, "jpeg")
+    ds = open_dataset(root, max_open_shards=2)
+    expected = ds.read_batch(np.arange(24))[0].numpy()  # the parent has two shards open
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=read_in_child, args=(ds, [0, 23], queue))
+    child.start()
+    try:
+        child_pid, store_pid, batch, mapped = queue.get(timeout=60)
+    finally:
+        child.join(10)
+    assert child.exitcode == 0 and store_pid == child_pid != os.getpid()
+    assert np.array_equal(batch, expected[[0, 23]])
+    index = read_index(root)
+    assert mapped == {os.path.realpath(index.path(k)) for k in (0, 6)}  # the parent's maps were dropped
+    assert ds._store._pid == os.getpid()
+
+
 # ---------------------------------------------------------------- damaged and changed shards
 
 
@@ -283,13 +310,23 @@ def test_a_shard_truncated_while_open_is_noticed_within_recheck_seconds(shard_fo
 # ---------------------------------------------------------------- make_loader
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_make_loader_yields_the_files_batches(pair, num_workers):
-    folder, single = pair
-    options = dict(batch_size=5, shuffle=True, seed=3, num_workers=num_workers, multiprocessing_context="fork")
+def assert_same_loader_batches(folder, single, **options):
+    options = dict(batch_size=5, shuffle=True, seed=3, **options)
     for _ in range(2):  # two epochs: a new order each
         batches = list(make_loader(folder, **options))
         expected = list(make_loader(single, **options))
         assert len(batches) == len(expected) == 5
         for a, b in zip(batches, expected):
             assert_same_batch(a, b)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_make_loader_yields_the_files_batches(pair, num_workers):
+    folder, single = pair
+    assert_same_loader_batches(folder, single, num_workers=num_workers, multiprocessing_context="fork")
+
+
+@pytest.mark.parametrize("start_method", start_methods("spawn", "forkserver"))
+def test_make_loader_workers_started_afresh(shard_converted, shard_single, start_method):
+    folder, single = open_dataset(shard_converted("arrow", "jpeg")), open_dataset(shard_single("arrow", "jpeg"))
+    assert_same_loader_batches(folder, single, num_workers=2, multiprocessing_context=start_method)
