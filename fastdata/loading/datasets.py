@@ -216,11 +216,12 @@ class ArrowDataset(PackedDataset):
 
 
 def open_dataset(
-    path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None, **options
+    path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
+    max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
 ) -> HDF5Dataset | ArrowDataset:
     """Return the HDF5Dataset or ArrowDataset for ``path``: a file by its extension, a shard folder by its index.
 
-    ``options`` go to the dataset (``max_open_shards``).
+    ``max_open_shards`` bounds the shards of a folder one process keeps open (see NOTE [open shards]).
 
     Example:
         >>> dataset = open_dataset("train/")  # a shard folder: index.json, shard-00000.h5, ...
@@ -230,4 +231,4 @@ def open_dataset(
     else:
         container = format_of(path)
     cls = HDF5Dataset if container == "hdf5" else ArrowDataset
-    return cls(path, transform=transform, **options)
+    return cls(path, transform=transform, max_open_shards=max_open_shards)

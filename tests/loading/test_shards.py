@@ -155,11 +155,12 @@ def test_batch_equals_items_of_the_folder(pair):
     assert_same_items(items, [folder[i] for i in indices.tolist()])
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(1, 9), min_size=1, max_size=8),
-       indices=st.lists(st.integers(-24, 23), max_size=30))
-def test_any_shard_layout_reads_as_the_file(shard_split, shard_single, tmp_path_factory, counts, indices):
-    path = shard_single("hdf5", "raw")
+       indices=st.lists(st.integers(-24, 23), max_size=30),
+       fmt=st.sampled_from(["hdf5", "arrow"]), kind=st.sampled_from(["raw", "jpeg", "text"]))
+def test_any_shard_layout_reads_as_the_file(shard_split, shard_single, tmp_path_factory, counts, indices, fmt, kind):
+    path = shard_single(fmt, kind)
     folder = open_dataset(shard_split(path, tmp_path_factory.mktemp("layout") / "shards", tuple(counts)))
     single = open_dataset(path)
     indices = np.asarray(indices, dtype=np.int64)
