@@ -231,11 +231,8 @@ def open_shard_folder(out, settings, *, container, resume=False, overwrite=False
         yield folder
 
 
-def _check_folder(root):
-    """Refuse an output that is a file, holds foreign files, or whose folder does not exist."""
-    parent = os.path.dirname(root)
-    if not os.path.isdir(parent):
-        raise NotFoundError(f"output folder {parent!r} does not exist")
+def check_replaceable(root):
+    """Refuse a shard folder output that is a file or holds other files: overwrite never replaces those."""
     if os.path.exists(root) and not os.path.isdir(root):
         raise OutputExistsError(f"{root!r} is a file; a shard folder needs a new or empty folder "
                                 "(or give OUT an extension, .h5 or .arrow, for one file)")
@@ -243,6 +240,14 @@ def _check_folder(root):
     if names and INDEX_NAME not in names and STATE_FOLDER not in names:
         raise OutputExistsError(f"{root!r} holds other files ({names[0]!r}, ...), not a fastdata shard folder; "
                                 "choose a new or empty folder")
+
+
+def _check_folder(root):
+    """Refuse an output that is a file, holds foreign files, or whose folder does not exist."""
+    parent = os.path.dirname(root)
+    if not os.path.isdir(parent):
+        raise NotFoundError(f"output folder {parent!r} does not exist")
+    check_replaceable(root)
     try:
         os.makedirs(os.path.join(root, STATE_FOLDER), exist_ok=True)
     except OSError as exc:

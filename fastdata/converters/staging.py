@@ -39,7 +39,8 @@ def staged_output(out, overwrite=False, source=None, folder=False):
         overwrite: replace an existing ``out``; without it ``out`` is never replaced,
             even when another process creates it during the conversion.
         source: the input file, which ``out`` may not be.
-        folder: ``staged_path`` is a folder, created here, that becomes ``out`` by one rename.
+        folder: ``staged_path`` is a folder, created here, that becomes ``out`` by one rename
+            (an empty folder ``out`` counts as new).
 
     Raises:
         OutputExistsError: ``out`` exists (or appeared meanwhile) and ``overwrite`` is false.
@@ -55,7 +56,7 @@ def staged_output(out, overwrite=False, source=None, folder=False):
         raise OptionError(f"{out!r} is the source of this conversion; choose another output file")
     if folder and source is not None and _holds(out, source):  # overwrite would remove the source
         raise OptionError(f"{out!r} holds {source!r}, the source of this conversion; choose another output folder")
-    check_output(out, overwrite)
+    check_output(out, overwrite or (folder and os.path.isdir(out) and not os.listdir(out)))  # empty: new
     parent, name = os.path.split(out)
     staging = _make_staging(parent, name)
     try:

@@ -9,7 +9,13 @@ import os
 
 import numpy as np
 
-from fastdata.converters.shards import DEFAULT_SHARD_BYTES, container_of, is_folder_output, write_shard
+from fastdata.converters.shards import (
+    DEFAULT_SHARD_BYTES,
+    check_replaceable,
+    container_of,
+    is_folder_output,
+    write_shard,
+)
 from fastdata.errors import OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import write_index
@@ -33,13 +39,19 @@ def length_stats(lengths, truncated):
 
 
 def shard_options(out, format, shard_size, on_error):
-    """Return the shard folder's settings, or None when ``out`` is one packed file."""
+    """Return the shard folder's settings, or None when ``out`` is one packed file.
+
+    Raises:
+        OutputExistsError: ``out`` is a file, or a folder of other files (never replaced, even with overwrite).
+        OptionError: a bad ``format`` or ``shard_size``.
+    """
     container = container_of(out, format)
     if not is_folder_output(out):
         if shard_size is not None:
             raise OptionError(f"shard_size needs a shard folder, not the file {os.fspath(out)!r}; give a folder "
                               "name (without .h5, .hdf5 or .arrow) to write shards")
         return None
+    check_replaceable(os.path.abspath(os.fspath(out)))
     if shard_size is None:
         shard_size = DEFAULT_SHARD_BYTES
     if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)):

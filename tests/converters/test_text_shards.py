@@ -3,6 +3,7 @@
 import errno
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,16 +132,29 @@ def test_existing_output_is_kept_without_overwrite_and_replaced_with_it(text_cor
     convert(textshard_source, out, shard_size=4000, overwrite=True)
     assert read_index(out).metadata["source"]["path"] == os.fspath(textshard_source)
     assert sorted(os.listdir(tmp_path)) == ["shards"]
+
+
+def test_an_empty_folder_is_new_and_a_file_or_other_files_are_never_replaced(textshard_source, tmp_path):
+    (tmp_path / "empty").mkdir()
+    convert(textshard_source, tmp_path / "empty")  # no overwrite needed
+    assert read_index(tmp_path / "empty").num_samples == 37
     (tmp_path / "file").write_text("x")
-    convert(textshard_source, tmp_path / "file", overwrite=True)  # a file replaced by a folder
-    assert read_index(tmp_path / "file").num_samples == 37
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_text("x")
+    with pytest.raises(OutputExistsError, match="is a file; a shard folder needs a new or empty folder"):
+        convert(textshard_source, tmp_path / "file", overwrite=True)
+    with pytest.raises(OutputExistsError, match="holds other files \\('cat.jpg', ...\\), not a fastdata shard"):
+        convert(textshard_source, tmp_path / "photos", overwrite=True)
+    assert (tmp_path / "file").read_text() == "x" and os.listdir(tmp_path / "photos") == ["cat.jpg"]
+    assert sorted(os.listdir(tmp_path)) == ["empty", "file", "photos"]
 
 
 def test_an_output_folder_holding_the_source_is_refused(textshard_source, tmp_path):
-    parent = os.path.dirname(textshard_source)
+    out = convert(textshard_source, tmp_path / "shards").path
+    src = shutil.copy(textshard_source, out)  # a shard folder that now holds a source
     with pytest.raises(OptionError, match="holds .* the source of this conversion"):
-        convert(textshard_source, parent, overwrite=True)
-    assert os.path.isfile(textshard_source)
+        convert(src, out, overwrite=True)
+    assert os.path.isfile(src) and read_index(out).num_samples == 37
 
 
 @pytest.mark.parametrize(
