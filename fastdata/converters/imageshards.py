@@ -28,6 +28,7 @@ from fastdata.converters.shards import (
     task_bounds,
     write_shard,
 )
+from fastdata.errors import OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import read_index
 
@@ -38,6 +39,9 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
                       shard_size, resume, executor, part, workers, progress):
     """Convert the scanned image folder ``found`` into the shard folder ``out``; return a ConversionReport."""
     shard_size = DEFAULT_SHARD_BYTES if shard_size is None else shard_size
+    if os.path.commonpath([os.path.realpath(src), os.path.realpath(out)]) == os.path.realpath(src):
+        raise OptionError(f"the shard folder {os.fspath(out)!r} is inside the source {os.fspath(src)!r}, where it "
+                          "would become a class; choose a folder outside it")
     samples_per_shard(shard_size, 1)  # check it before any work
     settings = _settings(src, found, spec, storage, quality, container, shard_size)
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,

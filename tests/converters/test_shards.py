@@ -248,6 +248,12 @@ def test_resume_after_the_source_changed_is_refused(source_copy, tmp_path, shard
         convert_imagefolder(source_copy, out, resume=True, **sharded_options())
 
 
+def test_a_shard_folder_inside_the_source_is_refused(source_copy, sharded_options):
+    with pytest.raises(OptionError, match="inside the source"):
+        convert_imagefolder(source_copy, source_copy / "shards", **sharded_options())
+    assert not (source_copy / "shards").exists()
+
+
 def test_a_folder_of_other_files_is_refused(source_root, tmp_path, sharded_options):
     out = tmp_path / "out"
     out.mkdir()
