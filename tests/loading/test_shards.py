@@ -207,6 +207,19 @@ def test_open_shards_stay_within_the_bound(shard_split, shard_single, fmt, kind,
     assert max(len(found) for found in open_shard_files(root)) <= bound
 
 
+def test_threads_sharing_a_small_cache_read_the_right_rows(shard_split, shard_single, tmp_path):
+    # As make_loader's read-ahead thread and the training loop's ds[i] share one dataset.
+    from concurrent.futures import ThreadPoolExecutor
+
+    single = open_dataset(shard_single("hdf5", "text"))
+    ds = open_dataset(shard_split(shard_single("hdf5", "text"), tmp_path / "tiny", (1, 2)), max_open_shards=2)
+    batches = [np.sort(np.random.default_rng(seed).choice(24, 6, replace=False)) for seed in range(40)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(ds.read_batch, batches))
+    for indices, batch in zip(batches, results):
+        assert_same_batch(batch, single.read_batch(indices))
+
+
 def test_max_open_shards_must_be_positive(shard_folders):
     with pytest.raises(ValueError, match="max_open_shards should be a positive integer, got max_open_shards=0"):
         open_dataset(shard_folders("hdf5", "raw"), max_open_shards=0)
