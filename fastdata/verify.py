@@ -22,6 +22,7 @@ from fastdata.formats.layout import (
 from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index
 
 _SCAN = 1 << 22  # token ids per numpy pass of the vocabulary check
+_SAME_IN_EVERY_SHARD = ("kind", "storage", "sample_shape", "sample_dtype")  # what a reader needs alike
 
 
 @dataclass
@@ -297,9 +298,14 @@ def _verify_shard(report, index, shard, quick):
         where = f" (dataset {format_samples(problem.samples + start)})" if len(problem.samples) else ""
         report.problems.append(Problem(problem.check, f"{name!r}: {problem.message}{where}", problem.samples + start))
     report.notes += [f"{name!r}: {note}" for note in shard_report.notes]
-    if quick or not shard_report.ok:
+    if shard_report.format_version is None:  # its structure is damaged: nothing more to read
         return shard_report, None
-    return shard_report, np.asarray(read_packed(path, check=False)[0].labels)
+    columns, metadata = read_packed(path, check=False)
+    differ = [key for key in _SAME_IN_EVERY_SHARD if metadata.get(key) != index.metadata.get(key)]
+    if differ:
+        message = f"{name!r} differs from the dataset in {', '.join(differ)}: a shard of another conversion"
+        report.problems.append(Problem("shard", message, samples))
+    return shard_report, None if quick or not shard_report.ok else np.asarray(columns.labels)
 
 
 def _merge_checked(reports):

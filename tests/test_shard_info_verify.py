@@ -2,12 +2,13 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 from support import column_regions, overwrite, run_cli
 
-from fastdata.formats.shards import INDEX_NAME, read_index
+from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index
 from fastdata.info import describe
 from fastdata.verify import verify
 
@@ -90,6 +91,23 @@ def test_a_damaged_jpeg_in_a_shard_is_named(shard_folders, shard_copy, fmt):
     jpeg = [problem for problem in report.problems if problem.check == "jpeg"]
     assert len(jpeg) == 1 and jpeg[0].samples.tolist() == [7], str(report)
     assert "'shard-00003" in jpeg[0].message and "(dataset sample 7)" in jpeg[0].message
+
+
+def test_a_shard_of_another_conversion_is_named(shard_folders, shard_copy, fmt):
+    # Its size and crc32 in the index made to match, as a broken "fastdata index" over mixed shards would.
+    root = shard_copy(shard_folders(fmt, "raw"))
+    other = read_index(shard_folders(fmt, "jpeg")).path(2)  # 1 jpeg sample, in place of raw sample 6
+    with open(root / INDEX_NAME) as f:
+        index = json.load(f)
+    index["shards"][2].update(bytes=os.path.getsize(other), crc32=file_checksum(other))
+    with open(root / INDEX_NAME, "w") as f:
+        json.dump(index, f)
+    shutil.copyfile(other, root / index["shards"][2]["name"])
+    for quick in (False, True):
+        report = verify(root, quick=quick)
+        assert [problem.check for problem in report.problems] == ["shard"], str(report)
+        assert "'shard-00002" in str(report) and "differs from the dataset in storage" in str(report)
+        assert report.damaged_samples.tolist() == [6]
 
 
 def test_labels_that_disagree_with_the_index_class_counts(shard_folders, shard_copy, fmt):
