@@ -276,6 +276,20 @@ def test_full_disk_while_writing_shards_is_reported_and_leaves_nothing(tmp_path,
     assert folder_listing(disk) == []
 
 
+def test_a_disk_full_at_any_point_is_one_error_line_never_a_crash(tmp_path, small_disk):
+    texts, labels = make_reviews(300, seed=6)
+    src = write_text_file(tmp_path / "reviews.jsonl", texts, labels)
+    for size in range(300 << 10, 700 << 10, 50 << 10):  # before NOTE [hdf5 full disk]: 4 of 8 segfaulted
+        disk = small_disk(size)
+        done = subprocess.run([sys.executable, "-m", "fastdata", "convert", "text", src, disk / "out", "--tokenizer",
+                               "bytes", "--shard-size", "32KiB", "--workers", "1", "--quiet"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode in (0, 1), (size, done.returncode, done.stderr[-2000:])
+        if done.returncode == 1:
+            assert done.stderr.startswith("Error: no space left on the device"), (size, done.stderr[-2000:])
+            assert len(done.stderr.strip().splitlines()) == 1 and folder_listing(disk) == [], size
+
+
 def test_staged_ids_and_shards_never_fill_the_disk_twice(tmp_path, small_disk):
     texts, labels = make_reviews(300, seed=6)
     src = write_text_file(tmp_path / "reviews.jsonl", texts, labels)
