@@ -50,6 +50,8 @@ KILL_TRIES = 3
 LOAD_VS_LIMIT = 0.8
 LOAD_VS_FILE = 0.9  # "within noise" of the single file
 RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs
+ENGINES = {"raw": (("local", 1), ("local", WORKERS), ("dask", WORKERS)),
+           "jpeg": (("local", 1), ("local", WORKERS), ("dask", WORKERS), ("dask-no-trim", WORKERS))}
 BIG, SMALL, SINGLE = "64-raw-64MiB-big", "64-raw-64MiB-small", "64-raw-one-file"  # the first three conversions
 
 CONVERT_SCRIPT = """\
@@ -58,8 +60,13 @@ from fastdata import convert_imagefolder
 
 args = json.loads(sys.argv[1])
 executor, cluster, cluster_seconds = None, None, None
-if args["engine"] == "dask":
+if args["engine"].startswith("dask"):
+    import dask
     from dask.distributed import Client, LocalCluster
+    if args["engine"] == "dask-no-trim":  # see NOTE [dask malloc trim]
+        environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+        environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+        dask.config.set({"distributed.nanny.pre-spawn-environ": environ})
     started = time.perf_counter()
     cluster = LocalCluster(n_workers=args["workers"], threads_per_worker=1, processes=True, dashboard_address=None)
     executor = Client(cluster)
@@ -111,8 +118,8 @@ def run(config, fresh):
                    convert(small, workdir, RAW, None, "local", WORKERS, SINGLE)]
     for size, storage in (RAW, JPEG):
         conversions.append(pool_row(small, size, storage))
-        for engine, workers in (("local", 1), ("local", WORKERS), ("dask", WORKERS)):
-            if engine == "dask" and installed_version("distributed") is None:
+        for engine, workers in ENGINES[storage]:
+            if engine.startswith("dask") and installed_version("distributed") is None:
                 conversions.append({"key": f"{size}-{storage}-dask-{workers}", "size": size, "storage": storage,
                                     "engine": engine, "workers": workers, "num_images": small["num_images"],
                                     "skipped": "not installed: pip install 'fastdata[dask]'"})
@@ -129,6 +136,16 @@ def run(config, fresh):
     results["targets"] = summarize(results)
     results["text"] = text(results)
     return results
+
+
+# NOTE [dask malloc trim]: Dask's nanny starts its workers with
+# MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ), so
+# glibc hands freed memory back to the kernel past 64 KB and faults it in
+# again for the next image. Converting 2000 images to 224 px jpeg shards
+# (0.73 MiB) on LocalCluster(2 workers, 1 thread each) took 27.6-29.6 s with
+# it and 7.4-11.9 s without it (the local pool: 12.8 s), on this 2-core
+# machine beside other jobs; at 64 px raw no difference showed. The 224 px
+# rows measure both: Dask as it comes, and with that variable left out.
 
 
 # ---------------------------------------------------------------- the source
@@ -387,7 +404,9 @@ def text(results):
         "folder of 200,000 images (37 shards). img/s: images over the seconds of the convert_imagefolder call in "
         "its own process (a Pool row: its start-up included). Peak disk: the output folder's allocated blocks, "
         "hidden partial shards included, sampled every 50 ms. RSS: the converting process (driver) and its "
-        "largest descendant (worker; under Dask the nannies and workers).", "",
+        "largest descendant (worker; under Dask the nannies and workers). dask-no-trim: Dask with "
+        "MALLOC_TRIM_THRESHOLD_ left out of its workers' environment (see NOTE [dask malloc trim] in "
+        "benchmarks/sections/shards.py).", "",
         resume_text(results["resume"]), "", loading_table(results["loading"]), "",
         peers_table(results["peers"]),
     ])
