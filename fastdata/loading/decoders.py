@@ -37,8 +37,8 @@ class Decoder(abc.ABC):
     tests/loading checks every decoder against this.
 
     Attributes:
-        read_options: names of the keyword options ``batch`` takes besides
-            ``pin_memory``; ``read_batch`` passes them on, and make_loader
+        read_options: names of the keyword options ``batch_parts`` (and
+            ``batch``) take besides ``pin_memory``; ``read_batch`` passes them on, and make_loader
             sets only the ones a decoder names.
     """
 
@@ -272,11 +272,9 @@ class TokenDecoder(Decoder):
 
 def _row_of(parts, row):
     """Return ``(path, index)``: the file and the sample of the batch's ``row``, for error messages."""
-    for _, indices, path in parts:
-        if row < len(indices):
-            return path, int(indices[row])
-        row -= len(indices)
-    raise IndexError(f"row {row} is past the end of the batch")
+    stops = np.cumsum([len(part.indices) for part in parts])
+    k = int(np.searchsorted(stops, row, side="right"))
+    return parts[k].path, int(parts[k].indices[row - stops[k] + len(parts[k].indices)])
 
 
 DECODERS = {
