@@ -42,7 +42,7 @@ from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
 from fastdata.formats.shards import read_index
 from fastdata.loading.decoders import decoder_for
-from fastdata.loading.shards import DEFAULT_MAX_OPEN_SHARDS, ShardStore
+from fastdata.loading.shards import ShardStore
 
 
 class PackedDataset(Dataset):
@@ -57,13 +57,14 @@ class PackedDataset(Dataset):
     Args:
         path: a packed file, or a folder with ``index.json`` and shards of this class's container.
         transform: applied to each sample tensor.
-        max_open_shards: the most shards of a folder one process keeps open (see NOTE [open shards]).
+        max_open_shards: the most shards of a folder one process keeps open; default: from the
+            process's descriptor limit, 128 to 4,096 (see NOTE [open shards]).
     """
 
     format = None  # "hdf5" or "arrow", set by subclasses
 
     def __init__(self, path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 *, max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS):
+                 *, max_open_shards: int | None = None):
         self.path = os.fspath(path)
         if os.path.isdir(self.path):
             self._store = ShardStore.of_folder(self.path, self._read, max_open_shards)  # the index; no shard opened
@@ -217,11 +218,11 @@ class ArrowDataset(PackedDataset):
 
 def open_dataset(
     path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
-    max_open_shards: int = DEFAULT_MAX_OPEN_SHARDS,
+    max_open_shards: int | None = None,
 ) -> HDF5Dataset | ArrowDataset:
     """Return the HDF5Dataset or ArrowDataset for ``path``: a file by its extension, a shard folder by its index.
 
-    ``max_open_shards`` bounds the shards of a folder one process keeps open (see NOTE [open shards]).
+    ``max_open_shards`` bounds the shards of a folder one process keeps open (default: see NOTE [open shards]).
 
     Example:
         >>> dataset = open_dataset("train/")  # a shard folder: index.json, shard-00000.h5, ...

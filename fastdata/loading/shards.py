@@ -12,10 +12,13 @@ cache. Measured on 2 shared cores (best of 20, 64 px shards of one sample
 each): reopening a shard that was checked before costs 1.1 ms (HDF5 raw),
 1.6 ms (HDF5 JPEG), 0.3 ms (Arrow raw) and 0.7 ms (Arrow JPEG), against
 5 us to copy 8 rows of 64x64 from an open shard: a cache smaller than the
-shards a shuffled epoch touches makes reading 100x slower. The default, 128,
-keeps 8 GiB of 64 MiB shards open (ImageNet-1k as 224 px JPEG, 20-60 GB,
-is 300-900 shards: raise it there) at under 400 descriptors per process, a
-DataLoader worker each holding its own; raise it where ``ulimit -n`` allows.
+shards a shuffled epoch touches makes reading 100x slower. So the default
+bound is as large as the process's descriptor limit allows: an eighth of
+the soft ``RLIMIT_NOFILE`` (at most 3/8 of it held by HDF5 shards, the rest
+left to DataLoader pipes and shared memory), at least 128 and at most 4,096
+(12,288 maps). At the usual 1,024 that is 128 shards (8 GiB of 64 MiB
+shards); ImageNet-1k as 224 px JPEG (20-60 GB, 300-900 shards) wants a
+limit of 8,192 (``ulimit -n``) or an explicit ``max_open_shards``.
 
 NOTE [shard fingerprint]: as for one file (NOTE [fingerprint] in
 datasets.py), a shard's ``(size, mtime_ns, inode)`` is taken when it is
@@ -35,6 +38,7 @@ compared before every read.
 """
 
 import os
+import resource
 import threading
 import time
 from collections import OrderedDict
@@ -46,7 +50,7 @@ from fastdata.formats import Columns
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index
 from fastdata.loading.decoders import Part
 
-DEFAULT_MAX_OPEN_SHARDS = 128  # see NOTE [open shards]
+_OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
 _SAME_IN_EVERY_SHARD = ("kind", "storage", "sample_shape", "sample_dtype")
 
@@ -59,12 +63,12 @@ class ShardStore:
     Args:
         index: the shards: names, sample ranges and sizes.
         read: ``read_hdf5`` or ``read_arrow``.
-        max_open_shards: the most shards kept open between batches.
+        max_open_shards: the most shards kept open between batches; None: ``default_max_open_shards()``.
         recheck_seconds: how long an open shard is read before its fingerprint is compared again.
     """
 
-    def __init__(self, index: ShardIndex, read, max_open_shards=DEFAULT_MAX_OPEN_SHARDS,
-                 recheck_seconds=RECHECK_SECONDS):
+    def __init__(self, index: ShardIndex, read, max_open_shards=None, recheck_seconds=RECHECK_SECONDS):
+        max_open_shards = default_max_open_shards() if max_open_shards is None else max_open_shards
         if not isinstance(max_open_shards, int) or isinstance(max_open_shards, bool) or max_open_shards < 1:
             raise OptionError(f"max_open_shards should be a positive integer, got max_open_shards={max_open_shards!r}")
         self.index = index
@@ -77,7 +81,7 @@ class ShardStore:
         self._reset()
 
     @classmethod
-    def of_folder(cls, root, read, max_open_shards=DEFAULT_MAX_OPEN_SHARDS):
+    def of_folder(cls, root, read, max_open_shards=None):
         """Return the store of a shard folder: its index is read, no shard is opened."""
         return cls(read_index(root), read, max_open_shards)
 
@@ -210,6 +214,16 @@ class ShardStore:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._reset()
+
+
+def default_max_open_shards():
+    """Return the shards a process keeps open by default: an eighth of its descriptor limit, 128 to 4,096.
+
+    See NOTE [open shards].
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    least, most = _OPEN_SHARDS_RANGE
+    return most if soft == resource.RLIM_INFINITY else min(max(soft // 8, least), most)
 
 
 def _plain(columns):

@@ -3,6 +3,7 @@
 import os
 import pickle
 import re
+import resource
 import time
 
 import numpy as np
@@ -218,6 +219,18 @@ def test_threads_sharing_a_small_cache_read_the_right_rows(shard_split, shard_si
         results = list(pool.map(ds.read_batch, batches))
     for indices, batch in zip(batches, results):
         assert_same_batch(batch, single.read_batch(indices))
+
+
+@pytest.mark.parametrize(("limit", "bound"), [(256, 128), (1024, 128), (4096, 512), (16000, 2000)])
+def test_the_default_bound_follows_the_descriptor_limit(shard_folders, limit, bound):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = min(limit, hard)  # lowering the soft limit needs no privilege; raising it past the hard limit does
+    bound = min(bound, max(limit // 8, 128))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        assert open_dataset(shard_folders("hdf5", "raw"))._store.max_open_shards == bound
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_max_open_shards_must_be_positive(shard_folders):
