@@ -55,8 +55,29 @@ def _start_pool(workers):
     parent = None if method == "forkserver" else os.getpid()  # the process that starts the workers
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
                                initargs=(parent,))
-    pool.submit(int).result()  # fork (or spawn) the workers now
+    try:
+        pool.submit(int).result()  # fork (or spawn) the workers now
+    except BaseException:  # see NOTE [pool start]
+        stop_pool(pool)
+        raise
     return pool
+
+
+def stop_pool(pool):
+    """Kill a pool's workers now, mid-task, and reap them.
+
+    NOTE [pool start]: Ctrl-C or SIGTERM while a pool forked its workers,
+    before its manager thread ran, left workers that nothing would stop,
+    and the interpreter's exit waited on them forever (a hung conversion,
+    reproduced in test_shard_faults). The started workers are killed and
+    joined instead.
+    """
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+    for process in processes:
+        process.join()
 
 
 def _pooled_chunks(pool, fn, items, workers):

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import signal
 from concurrent.futures import as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -28,7 +27,7 @@ import numpy as np
 
 from fastdata._cpu import usable_cpus
 from fastdata._optional import require
-from fastdata.converters.parallel import _ProgressBar, _start_pool
+from fastdata.converters.parallel import _ProgressBar, _start_pool, stop_pool
 from fastdata.converters.staging import _FULL, _owner
 from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of, write_packed
@@ -320,37 +319,33 @@ def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, u
     pool = None
     if executor is None and workers > 1 and len(tasks) > 1:
         pool = executor = _start_pool(min(workers, len(tasks)))  # before the bar's thread (NOTE [worker start])
-    bar = _ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True, dynamic_ncols=True)
-    with bar:
-        if executor is None:
-            return [_counted(fn(task), bar, size) for task, size in zip(tasks, sizes)]
-        futures = {executor.submit(fn, task): size for task, size in zip(tasks, sizes)}
-        try:
-            return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
-        except BrokenProcessPool as exc:
-            raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
-                                "shards are kept. Run again with --resume, with fewer --workers if memory "
-                                "is short.") from exc
-        finally:
-            for future in futures:
-                future.cancel()
-            if pool is not None:
-                _stop_pool(pool)
+    try:
+        with _ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True,
+                          dynamic_ncols=True) as bar:
+            if executor is None:
+                return [_counted(fn(task), bar, size) for task, size in zip(tasks, sizes)]
+            return _run_on(executor, fn, tasks, sizes, bar)
+    finally:
+        if pool is not None:
+            stop_pool(pool)  # a stopped conversion does not wait for its shards
+
+
+def _run_on(executor, fn, tasks, sizes, bar):
+    futures = {executor.submit(fn, task): size for task, size in zip(tasks, sizes)}
+    try:
+        return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
+    except BrokenProcessPool as exc:
+        raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
+                            "shards are kept. Run again with --resume, with fewer --workers if memory "
+                            "is short.") from exc
+    finally:
+        for future in futures:
+            future.cancel()
 
 
 def _counted(result, bar, size):
     bar.update(size)
     return result
-
-
-def _stop_pool(pool):
-    """Stop the pool's workers now, mid-shard: a stopped conversion does not wait for its shards."""
-    for pid in list(getattr(pool, "_processes", None) or {}):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def dask_client(address):
