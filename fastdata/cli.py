@@ -104,7 +104,7 @@ def convert():
               help="Shard folder OUT: convert on the Dask cluster of this scheduler (tcp://HOST:8786); "
                    "OUT must be a folder its workers see.")
 @click.option("--part", default=None, metavar="I/N",
-              help="Shard folder OUT: write only part I of N (shards k with k %% N == I); the last part to "
+              help="Shard folder OUT: write only part I of N (shards k with k % N == I); the last part to "
                    "finish writes the index.")
 @_reports_errors
 def convert_imagefolder_command(src, out, size, resize, resample, storage, quality, workers, on_error, overwrite,

@@ -291,6 +291,10 @@ def test_cli_writes_a_shard_folder(source_root, tmp_path, sharded_reference, sha
     assert "--overwrite" in one_error_line(result)
 
 
+def test_cli_help_says_which_shards_a_part_writes():
+    assert "(shards k with k % N == I)" in " ".join(run_cli("convert", "imagefolder", "--help").output.split())
+
+
 @pytest.mark.parametrize(("option", "message"), [
     (["--part", "2/2"], "--part should be I/N"),
     (["--part", "x"], "--part should be I/N"),
