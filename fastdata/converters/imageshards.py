@@ -42,7 +42,8 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
     if os.path.commonpath([os.path.realpath(src), os.path.realpath(out)]) == os.path.realpath(src):
         raise OptionError(f"the shard folder {os.fspath(out)!r} is inside the source {os.fspath(src)!r}, where it "
                           "would become a class; choose a folder outside it")
-    samples_per_shard(shard_size, 1)  # check it before any work
+    samples_per_shard(shard_size, 1)  # check both before any work
+    part_tasks(0, part)
     settings = _settings(src, found, spec, storage, quality, container, shard_size)
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,
                            part=part) as folder:

@@ -66,6 +66,13 @@ def test_bad_shard_size_is_refused(source_root, tmp_path, sharded_options, bad):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("bad", [(2, 2), (-1, 2), (0, 0), (0.5, 2)])
+def test_bad_part_is_refused_before_any_work(source_root, tmp_path, sharded_options, bad):
+    with pytest.raises(OptionError, match="part should be"):
+        convert_imagefolder(source_root, tmp_path / "out", part=bad, **sharded_options())
+    assert not (tmp_path / "out").exists()
+
+
 def test_shard_options_with_one_file_are_refused(source_root, tmp_path):
     with pytest.raises(OptionError, match="shard folder"):
         convert_imagefolder(source_root, tmp_path / "out.h5", shard_size=1 << 20, progress=False)
