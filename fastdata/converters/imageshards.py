@@ -37,7 +37,15 @@ _ESTIMATE_INPUTS = 32  # jpeg storage: images encoded to estimate the bytes per 
 
 def convert_to_shards(src, out, found, spec, storage, quality, on_error, started, *, container, overwrite,
                       shard_size, resume, executor, part, workers, progress):
-    """Convert the scanned image folder ``found`` into the shard folder ``out``; return a ConversionReport."""
+    """Convert the scanned image folder ``found`` into the shard folder ``out``; return a ConversionReport.
+
+    NOTE [driver memory]: the driver holds the input paths and labels, one
+    task per shard (slices of them) and the small records; pixels stay in
+    the workers, one shard each. Driver peak RSS with part=(0, 400) (the
+    whole plan, one 8 MiB shard run), make_imagenet_like, 2 workers: 110.7 MB
+    at 10,000 inputs, 131.2 MB at 200,000 (about 110 bytes per input); the
+    scan, the source digest and the plan of 200,000 took about 5 s.
+    """
     shard_size = DEFAULT_SHARD_BYTES if shard_size is None else shard_size
     if os.path.commonpath([os.path.realpath(src), os.path.realpath(out)]) == os.path.realpath(src):
         raise OptionError(f"the shard folder {os.fspath(out)!r} is inside the source {os.fspath(src)!r}, where it "
