@@ -28,7 +28,7 @@ import numpy as np
 from fastdata._cpu import usable_cpus
 from fastdata._optional import require
 from fastdata.converters.parallel import _ProgressBar, _start_pool, stop_pool
-from fastdata.converters.staging import _FULL, _owner
+from fastdata.converters.staging import _FULL, _owner, _SignalWatch
 from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of, write_packed
 from fastdata.formats.shards import (
@@ -323,11 +323,25 @@ def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, u
         with _ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True,
                           dynamic_ncols=True) as bar:
             if executor is None:
-                return [_counted(fn(task), bar, size) for task, size in zip(tasks, sizes)]
+                return _run_here(fn, tasks, sizes, bar)
             return _run_on(executor, fn, tasks, sizes, bar)
     finally:
         if pool is not None:
             stop_pool(pool)  # a stopped conversion does not wait for its shards
+
+
+def _run_here(fn, tasks, sizes, bar):
+    """Run the tasks in this process; a SIGINT or SIGTERM that h5py swallowed stops after the task it hit.
+
+    See NOTE [swallowed signals]: a SIGTERM while a shard was written here was
+    dropped and the conversion ran on to write its index (1 trial in 5).
+    """
+    results = []
+    with _SignalWatch() as watch:
+        for task, size in zip(tasks, sizes):
+            results.append(_counted(fn(task), bar, size))
+            watch.reraise()
+    return results
 
 
 def _run_on(executor, fn, tasks, sizes, bar):
