@@ -52,6 +52,9 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
                           "would become a class; choose a folder outside it")
     samples_per_shard(shard_size, 1)  # check both before any work
     part_tasks(0, part)
+    if part is not None and overwrite:
+        raise OptionError("overwrite would remove the shards of the other parts as they run; empty the folder "
+                          "once, then start the parts without --overwrite")
     settings = _settings(src, found, spec, storage, quality, container, shard_size)
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,
                            part=part) as folder:

@@ -73,6 +73,12 @@ def test_bad_part_is_refused_before_any_work(source_root, tmp_path, sharded_opti
     assert not (tmp_path / "out").exists()
 
 
+def test_overwrite_with_a_part_is_refused(source_root, tmp_path, sharded_options):
+    with pytest.raises(OptionError, match="other parts"):
+        convert_imagefolder(source_root, tmp_path / "out", part=(0, 2), overwrite=True, **sharded_options())
+    assert not (tmp_path / "out").exists()
+
+
 def test_shard_options_with_one_file_are_refused(source_root, tmp_path):
     with pytest.raises(OptionError, match="shard folder"):
         convert_imagefolder(source_root, tmp_path / "out.h5", shard_size=1 << 20, progress=False)
