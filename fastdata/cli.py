@@ -246,7 +246,7 @@ def bench_command(target, batch_size, workers, repeats, seconds, size, json_out,
 
 
 @main.command("tune")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.argument("path", type=click.Path(exists=True))
 @click.option("--budget", default="60s", show_default=True,
               help="Time to spend measuring: seconds (60, 60s) or minutes (2m).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
@@ -259,7 +259,7 @@ def bench_command(target, batch_size, workers, repeats, seconds, size, json_out,
 @click.option("--overwrite", is_flag=True, help="Replace the JSON file if it exists.")
 @_reports_errors
 def tune_command(path, budget, json_out, max_workers, batch_size, overwrite):
-    """Search make_loader settings for the packed file PATH on this machine, within a time budget.
+    """Search make_loader settings for the packed file or shard folder PATH on this machine, within a time budget.
 
     Prints each measured setting and the recommended make_loader call, and
     saves them as JSON; make_loader(dataset, num_workers="auto") then uses the

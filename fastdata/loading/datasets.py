@@ -102,6 +102,11 @@ class PackedDataset(Dataset):
         return self._store.index.num_shards
 
     @property
+    def shard_paths(self):
+        """Paths of the packed files behind the dataset, in sample order: ``[path]`` for a file."""
+        return [self._store.index.path(shard) for shard in range(self.num_shards)]
+
+    @property
     def classes(self):
         """Class names; label ``i`` is ``classes[i]``."""
         return self.metadata.get("classes", [])

@@ -4,17 +4,25 @@ import json
 import os
 import warnings
 
+from fastdata.formats.shards import INDEX_NAME
+
 TUNE_SUFFIX = ".tune.json"
 
 
 def tune_json_path(path):
-    """Return where ``tune_loader``'s result for ``path`` is saved by default: ``path + ".tune.json"``."""
-    return os.fspath(path) + TUNE_SUFFIX
+    """Return where ``tune_loader``'s result for ``path`` is saved by default: ``path + ".tune.json"``.
+
+    For a shard folder ``OUT/`` that is ``OUT.tune.json``, beside the folder.
+    """
+    return os.path.normpath(os.fspath(path)) + TUNE_SUFFIX
 
 
 def file_identity(path, dataset=None):
-    """Return what identifies a packed file's contents: ``path``, ``size``, ``mtime_ns`` (and its shape)."""
-    stat = os.stat(path)
+    """Return what identifies a packed file's contents: ``path``, ``size``, ``mtime_ns`` (and its shape).
+
+    A shard folder is identified by its index, which a conversion writes last.
+    """
+    stat = os.stat(os.path.join(path, INDEX_NAME) if os.path.isdir(path) else path)
     identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if dataset is not None:
         identity.update(num_samples=len(dataset), format=dataset.format, kind=dataset.kind, storage=dataset.storage)

@@ -107,7 +107,7 @@ def tune_loader(path, *, budget=60.0, max_workers=None, batch_size=None, on_tria
     """Search num_workers, batch_size, prefetch_factor and pin_memory for ``path`` (see NOTE [tune search]).
 
     Args:
-        path: a packed .h5 or .arrow file.
+        path: a packed .h5 or .arrow file, or a shard folder.
         budget: seconds to spend; the search stops early to stay within it.
         max_workers: most worker processes to try; default twice the usable CPUs.
         batch_size: keep this batch size and search the other settings only.

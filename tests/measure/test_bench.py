@@ -202,6 +202,19 @@ def test_cli_bench_packed_file(small_photos):
     assert "per-item DataLoader" in result.output and "memcpy limit" in result.output
 
 
+@pytest.mark.parametrize("storage, limit", [("raw", "copy_limit"), ("jpeg", "decode_limit")])
+def test_cli_bench_shard_folder_is_measured_as_a_packed_dataset(shard_converted, storage, limit, tmp_path):
+    folder = shard_converted("hdf5", storage)
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", folder, "--quick", "--workers", "0", "--batch-size", "4", "--quiet", "--json", out)
+    assert result.exit_code == 0, result.output
+    with open(out) as f:
+        saved = json.load(f)
+    assert [row["key"] for row in saved["rows"]] == [f"hdf5-{storage}", "per_item", limit]  # not a raw folder
+    shard_bytes = sum(os.path.getsize(path) for path in open_dataset(folder).shard_paths)
+    assert [entry["bytes"] for entry in saved["files"]] == [shard_bytes]
+
+
 def test_cli_bench_refuses_to_overwrite_before_measuring(small_photos, tmp_path):
     out = tmp_path / "bench.json"
     out.write_text("{}")

@@ -273,6 +273,19 @@ def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
     assert saved["elapsed_seconds"] > 0 and read_recommendation(private) == saved["recommended"]
 
 
+def test_cli_tune_of_a_shard_folder_saves_beside_it_and_auto_reads_it(shard_converted, tmp_path):
+    folder = tmp_path / "shards"
+    shutil.copytree(shard_converted("hdf5", "raw"), folder)
+    result = run_cli("tune", folder, "--budget", "2s", "--max-workers", "1")
+    assert result.exit_code == 0, result.output
+    assert tune_json_path(folder) == str(tmp_path / "shards.tune.json")
+    saved = read_json(tune_json_path(folder))
+    assert read_recommendation(folder) == saved["recommended"]
+    os.utime(folder / "index.json", ns=(0, 10**18))  # a new conversion writes a new index
+    with pytest.warns(UserWarning, match="re-run"):
+        assert read_recommendation(folder) is None
+
+
 def test_cli_tune_does_not_overwrite_without_flag(private, tmp_path, monkeypatch):
     monkeypatch.setattr("fastdata.measure.tune.tune_loader", lambda path, **options: tuned(path, {}))
     out = tmp_path / "t.json"
