@@ -180,7 +180,7 @@ def convert_imagefolder(
     format: str | None = None,
     shard_size: int | None = None,
     resume: bool = False,
-    executor=None,
+    executor: object | None = None,
     part: tuple[int, int] | None = None,
 ) -> ConversionReport:
     """Preprocess an image folder once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.

@@ -305,7 +305,8 @@ def test_integer_labels_name_their_class(tmp_path, values):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"),
+# NUL is left out: a file of more than 1 NUL byte in 10 is refused as not UTF-8 (_check_encoding).
+@given(lines=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n\x00"),
                               min_size=1).filter(lambda t: t.strip() and not t.startswith("\ufeff")),
                       min_size=1, max_size=12))
 def test_lines_round_trip(tmp_path, lines):
