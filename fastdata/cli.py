@@ -330,7 +330,7 @@ def index_command(root):
     from fastdata.converters.shards import index_shards
 
     metadata = index_shards(root)
-    click.echo(f"wrote {root}/index.json: {metadata['num_samples']} samples")
+    click.echo(f"wrote {root.rstrip('/') or '/'}/index.json: {metadata['num_samples']} samples")
 
 
 @main.command("verify")

@@ -38,7 +38,8 @@ def _folder_lines(root):
     absent = [name for name, size in zip(index.names, sizes.tolist()) if _size_of(os.path.join(root, name)) != size]
     lines = [
         f"folder:      {os.fspath(root)!r} ({index.container} shards)",
-        f"size:        {_human_bytes(int(sizes.sum()))} in {index.num_shards} shards"
+        f"size:        {_human_bytes(int(sizes.sum()))} in {index.num_shards} "
+        + ("shard" if index.num_shards == 1 else "shards")
         + (f" ({_human_bytes(int(sizes.min()))} to {_human_bytes(int(sizes.max()))}, "
            f"{counts.min()} to {counts.max()} samples each)" if index.num_shards else ""),
     ]
