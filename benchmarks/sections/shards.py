@@ -332,11 +332,15 @@ def litdata_row(src, workdir, shard_bytes):
     shutil.rmtree(out, ignore_errors=True)
     args = {"src": src["root"], "out": out, "size": RAW[0], "shard_size": shard_bytes, "workers": WORKERS}
     print(f"  LitData optimize: {src['num_images']} images ...", end="", flush=True)
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    watched = run_watched([sys.executable, "-c", LITDATA_SCRIPT, json.dumps(args)], out, env=env)
-    if watched.returncode != 0:  # another tool's failure is a row of the table, not the section's end
+    script = os.path.join(workdir, "litdata_optimize.py")  # a file: LitData spawns, which re-imports __main__
+    with open(script, "w") as f:
+        f.write(LITDATA_SCRIPT)
+    watched = run_watched([sys.executable, script, json.dumps(args)], out)  # TQDM_DISABLE breaks its bar
+    stored = _litdata_samples(out)
+    if watched.returncode != 0 or stored != src["num_images"]:  # a row of the table, not the section's end
         print(" failed", flush=True)
-        return {**row, "skipped": f"failed ({watched.returncode}): {watched.stderr.strip().splitlines()[-1:]}"}
+        return {**row, "skipped": f"failed ({watched.returncode}, {stored} samples written): "
+                                  f"{watched.stderr.strip().splitlines()[-1:]}"}
     done = watched.json()
     final_bytes, final_disk = folder_usage(out)
     row.update(seconds=done["seconds"], wall_seconds=watched.seconds, num_samples=done["num_samples"],
@@ -345,6 +349,15 @@ def litdata_row(src, workdir, shard_bytes):
     row["peak_disk_ratio"] = row["disk"] / final_disk
     print(f" {row['images_per_s']:,.0f} img/s", flush=True)
     return row
+
+
+def _litdata_samples(out):
+    """Return the samples LitData's index in ``out`` lists (0 without one)."""
+    try:
+        with open(os.path.join(out, "index.json")) as f:
+            return sum(chunk["chunk_size"] for chunk in json.load(f)["chunks"])
+    except (OSError, ValueError, KeyError):
+        return 0
 
 
 # ---------------------------------------------------------------- report

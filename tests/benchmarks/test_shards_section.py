@@ -87,6 +87,10 @@ def test_loading_rows_are_measured_over_every_sample(section):
 def test_peers_are_measured_or_say_why_not(section):
     for row in section["peers"]:
         assert row.get("skipped") or (row["images_per_s"] > 0 and row["final_bytes"] > 0)
+    litdata = section["peers"][0]
+    if litdata["version"]:  # installed: every image stored
+        out = os.path.join(section["compare_source"]["root"], os.pardir, "out", f"{litdata['num_images']}-litdata")
+        assert "skipped" not in litdata and shards._litdata_samples(out) == litdata["num_images"]
 
 
 def test_targets_are_finite_ratios_and_the_report_renders_them(section):
@@ -101,4 +105,4 @@ def test_targets_are_finite_ratios_and_the_report_renders_them(section):
 def test_a_peer_that_fails_is_a_row_saying_so(tmp_path):
     (tmp_path / "out").mkdir()
     row = shards.litdata_row({"root": str(tmp_path / "missing"), "num_images": 3}, str(tmp_path), 1 << 20)
-    assert row["skipped"].startswith("failed (1)") and "SourceError" in row["skipped"]
+    assert row["skipped"].startswith("failed (1, 0 samples written)") and "SourceError" in row["skipped"]
