@@ -25,8 +25,8 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
     if workers < 1:
         raise OptionError(f"workers should be a positive integer, got workers={workers}")
     # Start worker processes before the progress bar starts its thread.
-    pool = None if workers == 1 or len(items) < 2 else _start_pool(workers)
-    bar = _ProgressBar(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True)
+    pool = None if workers == 1 or len(items) < 2 else start_pool(workers)
+    bar = ProgressBar(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True)
     try:
         with bar:
             if pool is None:
@@ -42,7 +42,7 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-class _ProgressBar(tqdm):
+class ProgressBar(tqdm):
     """tqdm without its monitor thread, which would outlive the bar and make
     the next conversion in this process start its workers without fork (see
     NOTE [worker start])."""
@@ -50,7 +50,7 @@ class _ProgressBar(tqdm):
     monitor_interval = 0
 
 
-def _start_pool(workers):
+def start_pool(workers):
     method = _start_method()
     parent = None if method == "forkserver" else os.getpid()  # the process that starts the workers
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,

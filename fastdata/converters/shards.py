@@ -27,8 +27,8 @@ import numpy as np
 
 from fastdata._cpu import usable_cpus
 from fastdata._optional import require
-from fastdata.converters.parallel import _ProgressBar, _start_pool, stop_pool
-from fastdata.converters.staging import _FULL, _owner, _SignalWatch
+from fastdata.converters.parallel import ProgressBar, start_pool, stop_pool
+from fastdata.converters.staging import DISK_FULL_ERRNOS, SignalWatch, process_owner
 from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of, write_packed
 from fastdata.formats.shards import (
@@ -115,7 +115,7 @@ def write_shard(root, number, container, columns, metadata):
     """
     name = shard_name(number, container)
     ext = CONTAINER_EXTENSIONS[container]
-    host, pid, start = _owner(os.getpid())
+    host, pid, start = process_owner(os.getpid())
     partial = os.path.join(root, f".{name[: -len(ext)]}.{host}-{pid}-{start}.partial{ext}")
     try:
         write_packed(partial, columns, metadata)
@@ -318,9 +318,9 @@ def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, u
         executor = executor.get_executor()
     pool = None
     if executor is None and workers > 1 and len(tasks) > 1:
-        pool = executor = _start_pool(min(workers, len(tasks)))  # before the bar's thread (NOTE [worker start])
+        pool = executor = start_pool(min(workers, len(tasks)))  # before the bar's thread (NOTE [worker start])
     try:
-        with _ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True,
+        with ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True,
                           dynamic_ncols=True) as bar:
             if executor is None:
                 return _run_here(fn, tasks, sizes, bar)
@@ -337,7 +337,7 @@ def _run_here(fn, tasks, sizes, bar):
     dropped and the conversion ran on to write its index (1 trial in 5).
     """
     results = []
-    with _SignalWatch() as watch:
+    with SignalWatch() as watch:
         for task, size in zip(tasks, sizes):
             results.append(_counted(fn(task), bar, size))
             watch.reraise()
@@ -373,7 +373,7 @@ def dask_client(address):
 
 def disk_full(exc, root):
     """Return a FastdataError for a full disk while writing ``root``, or None if ``exc`` is something else."""
-    if not isinstance(exc, OSError) or not (exc.errno in _FULL or f"errno = {errno.ENOSPC}" in str(exc)):
+    if not isinstance(exc, OSError) or not (exc.errno in DISK_FULL_ERRNOS or f"errno = {errno.ENOSPC}" in str(exc)):
         return None
     return FastdataError(f"no space left on the device while writing {root!r}; the finished shards are kept. "
                          "Free some space and run the conversion again with --resume.")

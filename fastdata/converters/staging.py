@@ -25,7 +25,7 @@ from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExi
 from fastdata.formats import format_of
 from fastdata.formats.shards import sync_folder
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP)
 _STAGING_NAME = re.compile(r"\.([0-9a-f]{8})-(\d+)-(\d+)-[a-z0-9_]{8}\.partial")
 
@@ -61,7 +61,7 @@ def staged_output(out, overwrite=False, source=None, folder=False):
     staging = _make_staging(parent, name)
     try:
         _remove_orphans(parent)
-        with _SignalWatch() as watch:
+        with SignalWatch() as watch:
             staged_path = os.path.join(staging, name)
             if folder:
                 os.mkdir(staged_path)
@@ -69,7 +69,7 @@ def staged_output(out, overwrite=False, source=None, folder=False):
             watch.reraise()
         (_move_folder if folder else _move)(staged_path, out, overwrite)
     except OSError as exc:
-        if exc.errno in _FULL:
+        if exc.errno in DISK_FULL_ERRNOS:
             raise FastdataError(
                 f"no space left on the device while writing {out!r}; nothing was "
                 "written. Free some space and run the conversion again."
@@ -114,7 +114,7 @@ def allocated_memmap(path, dtype, shape):
         try:
             os.posix_fallocate(f.fileno(), 0, size)
         except OSError as exc:
-            if exc.errno in _FULL:
+            if exc.errno in DISK_FULL_ERRNOS:
                 raise
             f.truncate(size)  # a filesystem that cannot allocate ahead: sparse, as before
     return np.memmap(path, mode="r+", dtype=dtype, shape=shape)
@@ -122,11 +122,11 @@ def allocated_memmap(path, dtype, shape):
 
 def _make_staging(parent, name):
     """Create the staging folder, named after its owner (see NOTE [staging owner])."""
-    host, pid, start = _owner(os.getpid())
+    host, pid, start = process_owner(os.getpid())
     try:
         return tempfile.mkdtemp(prefix=f".{name}.{host}-{pid}-{start}-", suffix=".partial", dir=parent)
     except OSError as exc:
-        if exc.errno in _FULL:
+        if exc.errno in DISK_FULL_ERRNOS:
             raise
         raise FastdataError(
             f"cannot write in the output folder {parent!r} ({exc.strerror}); "
@@ -144,18 +144,18 @@ def _remove_orphans(parent):
     folder of another host (a shared network folder) is left alone. Without
     /proc nothing is removed.
     """
-    host = _owner(os.getpid())[0]
+    host = process_owner(os.getpid())[0]
     try:
         names = [name for name in os.listdir(parent) if name.endswith(".partial")]
     except OSError:  # a folder we may write in but not list
         return
     for name in names:
         match = _STAGING_NAME.search(name)
-        if match and match[1] == host and match[3] != "0" and _owner(int(match[2]))[2] != int(match[3]):
+        if match and match[1] == host and match[3] != "0" and process_owner(int(match[2]))[2] != int(match[3]):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def _owner(pid):
+def process_owner(pid):
     """Return ``(host hash, pid, start time)`` of a process; start time 0 where it is gone or unknown."""
     host = f"{zlib.crc32(socket.gethostname().encode()):08x}"
     try:
@@ -208,7 +208,7 @@ def _move_folder(staged_path, out, overwrite):
     sync_folder(os.path.dirname(out))
 
 
-class _SignalWatch:
+class SignalWatch:
     """Remember an exception that a SIGINT or SIGTERM handler raised, to raise it again.
 
     NOTE [swallowed signals]: a signal that arrives while h5py writes is
