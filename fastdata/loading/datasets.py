@@ -164,11 +164,7 @@ class PackedDataset(Dataset):
         samples = self._open().batch_parts(parts, pin_memory, **options)
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
-        if len(parts) == 1:
-            labels = parts[0].columns.labels[parts[0].indices]
-        else:
-            labels = np.concatenate([np.empty(0, np.int64)] + [part.columns.labels[part.indices] for part in parts])
-        return (*samples, torch.from_numpy(labels))
+        return (*samples, torch.from_numpy(parts.labels()))
 
     @property
     def read_options(self):

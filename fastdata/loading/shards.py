@@ -48,7 +48,7 @@ import numpy as np
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index
-from fastdata.loading.decoders import Part
+from fastdata.loading.decoders import Parts
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
@@ -107,14 +107,14 @@ class ShardStore:
     def parts(self, indices):
         """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard."""
         if self.index.num_shards == 1:
-            return [Part(self.columns([0])[0], indices, self._paths[0])]
+            return Parts(self.columns([0]), indices, [0, len(indices)], self._paths[:1])
+        if not len(indices):
+            return Parts([], indices, [0], [])
         shards = self.index.shard_of(indices)
-        local = indices - self.index.starts[shards]
         cuts = (np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist()
-        starts, stops = [0, *cuts], [*cuts, len(indices)]
-        numbers = shards[starts].tolist() if len(indices) else []
-        opened = self.columns(numbers)
-        return [Part(columns, local[a:b], self._paths[k]) for columns, k, a, b in zip(opened, numbers, starts, stops)]
+        numbers = shards[[0, *cuts]].tolist()
+        return Parts(self.columns(numbers), indices - self.index.starts[shards], [0, *cuts, len(indices)],
+                     [self._paths[number] for number in numbers])
 
     def locate(self, index):
         """Return ``(columns, row, path)`` of global sample ``index`` (checked, non-negative)."""
