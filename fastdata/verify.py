@@ -19,10 +19,9 @@ from fastdata.formats.layout import (
     sample_ranges,
     stored_columns,
 )
-from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index
+from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index, shard_differences
 
 _SCAN = 1 << 22  # token ids per numpy pass of the vocabulary check
-_SAME_IN_EVERY_SHARD = ("kind", "storage", "sample_shape", "sample_dtype")  # what a reader needs alike
 
 
 @dataclass
@@ -301,7 +300,7 @@ def _verify_shard(report, index, shard, quick):
     if shard_report.format_version is None:  # its structure is damaged: nothing more to read
         return shard_report, None
     columns, metadata = read_packed(path, check=False)
-    differ = [key for key in _SAME_IN_EVERY_SHARD if metadata.get(key) != index.metadata.get(key)]
+    differ = shard_differences(metadata, index.metadata)
     if differ:
         message = f"{name!r} differs from the dataset in {', '.join(differ)}: a shard of another conversion"
         report.problems.append(Problem("shard", message, samples))

@@ -31,6 +31,7 @@ INDEX_NAME = "index.json"
 LAYOUT = "shards"
 CONTAINER_EXTENSIONS = {"hdf5": ".h5", "arrow": ".arrow"}
 _READ_BYTES = 4 << 20  # file checksums read this many bytes at a time
+_SAME_IN_EVERY_SHARD = ("kind", "storage", "sample_shape", "sample_dtype")  # what a reader needs alike
 
 
 def shard_name(number, container):
@@ -41,6 +42,11 @@ def shard_name(number, container):
 def is_shard_folder(path):
     """Return whether ``path`` is a folder holding a shard index."""
     return os.path.isfile(os.path.join(os.fspath(path), INDEX_NAME))
+
+
+def shard_differences(shard_metadata, dataset_metadata):
+    """Return the keys a reader needs alike (kind, storage, sample shape and dtype) where a shard differs."""
+    return [key for key in _SAME_IN_EVERY_SHARD if shard_metadata.get(key) != dataset_metadata.get(key)]
 
 
 def file_checksum(path):

@@ -47,12 +47,11 @@ import numpy as np
 
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index
+from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index, shard_differences
 from fastdata.loading.decoders import Parts
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
-_SAME_IN_EVERY_SHARD = ("kind", "storage", "sample_shape", "sample_dtype")
 
 
 class ShardStore:
@@ -159,7 +158,7 @@ class ShardStore:
         except FormatError as exc:
             raise self._damaged(shard, f"is damaged ({exc})") from exc
         expected = int(self.index.starts[shard + 1] - self.index.starts[shard])
-        differ = [key for key in _SAME_IN_EVERY_SHARD if metadata.get(key) != self.index.metadata.get(key)]
+        differ = shard_differences(metadata, self.index.metadata)
         if metadata["num_samples"] != expected or differ:
             raise self._damaged(shard, f"holds {metadata['num_samples']} samples, the index says {expected}" if
                                 not differ else f"differs from the dataset in {', '.join(differ)}")
