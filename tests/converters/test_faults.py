@@ -14,7 +14,7 @@ from support import FORMATS, folder_listing, wait_for
 
 from fastdata import FastdataError, convert_imagefolder, convert_text
 from fastdata.cli import main
-from fastdata.converters.staging import staged_output
+from fastdata.converters.staging import SignalWatch, staged_output
 from fastdata.formats import read_packed
 from fastdata.measure.synthetic import make_reviews, write_text_file
 
@@ -160,6 +160,22 @@ def test_signal_during_the_final_hdf5_write_aborts_and_leaves_nothing(source_roo
     assert child.returncode == (1 if signum == signal.SIGINT else 128 + signum), output
     assert "Traceback" not in output and "Exception ignored" not in output, output
     assert folder_listing(out_dir) == [], output
+
+
+def test_a_signal_that_c_code_turned_into_another_error_still_stops_with_the_signal():
+    # h5py's type conversion caught the handler's SystemExit and raised a TypeError (a CI run, stop 15)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        with pytest.raises(SystemExit) as stopped, SignalWatch():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                signal.sigtimedwait([], 0.01)  # the handler runs on the next bytecode
+            except BaseException as exc:
+                raise TypeError("Operation not defined for data type class") from exc
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert isinstance(stopped.value.__cause__, TypeError)
 
 
 # ---------------------------------------------------------------- outputs
