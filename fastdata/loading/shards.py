@@ -41,7 +41,6 @@ import os
 import resource
 import threading
 import time
-from collections import OrderedDict
 
 import numpy as np
 
@@ -100,20 +99,25 @@ class ShardStore:
         return store
 
     def _reset(self):
-        self._open, self._checked_at = OrderedDict(), {}  # shard -> Columns, last fingerprint comparison
+        shards = self.index.num_shards
+        self._open = [None] * shards  # shard -> its Columns while open; see NOTE [shard cache arrays]
+        self._used = np.zeros(shards, np.int64)  # shard -> the batch count when it was last read
+        self._checked_at = np.full(shards, -np.inf)  # shard -> when its fingerprint was last compared
+        self._batches, self._num_open = 0, 0
         self._lock, self._pid = threading.Lock(), os.getpid()
 
     def parts(self, indices):
         """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard."""
         if self.index.num_shards == 1:
-            return Parts(self.columns([0]), indices, [0, len(indices)], self._paths[:1])
+            return Parts([self._only()], indices, [0, len(indices)], self._paths)
         if not len(indices):
             return Parts([], indices, [0], [])
         shards = self.index.shard_of(indices)
-        cuts = (np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist()
-        numbers = shards[[0, *cuts]].tolist()
-        return Parts(self.columns(numbers), indices - self.index.starts[shards], [0, *cuts, len(indices)],
-                     [self._paths[number] for number in numbers])
+        cuts = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+        numbers = shards[np.concatenate(([0], cuts))]
+        paths = self._paths
+        return Parts(self.columns(numbers), indices - self.index.starts[shards], [0, *cuts.tolist(), len(indices)],
+                     [paths[number] for number in numbers.tolist()])
 
     def locate(self, index):
         """Return ``(columns, row, path)`` of global sample ``index`` (checked, non-negative)."""
@@ -121,25 +125,58 @@ class ShardStore:
         return self.columns([shard])[0], index - int(self.index.starts[shard]), self._paths[shard]
 
     def columns(self, shards):
-        """Return the open Columns of each of ``shards``, opening (and closing the least recently used) as needed."""
+        """Return the open Columns of each of ``shards``, opening (and closing the least recently used) as needed.
+
+        NOTE [shard cache arrays]: the cache is a list of open Columns and two
+        arrays (batch of last use, time of last fingerprint comparison), updated
+        once per batch with numpy, not an OrderedDict touched per part: for a
+        sorted shuffled batch of 256 over 33 shards, columns() went from 18 to
+        7.6 us (best of 5 x 20,000 calls) of a read_batch of about 430 us.
+        Closing the least recently used shard is an argmin over the open ones,
+        paid only when a shard is opened (0.3-1.6 ms anyway).
+        """
         if self._pid != os.getpid():  # see NOTE [lazy open] in datasets.py
             self._reset()
-        now, opened = time.monotonic(), []
+        shards = np.asarray(shards, dtype=np.int64)
         with self._lock:
-            for shard in shards:
-                columns = self._open.get(shard)
-                if columns is None:
-                    columns = self._open[shard] = self._open_shard(shard)
-                    self._checked_at[shard] = now
-                    while len(self._open) > self.max_open_shards:
-                        del self._checked_at[self._open.popitem(last=False)[0]]
-                else:
-                    self._open.move_to_end(shard)
-                    if now - self._checked_at[shard] >= self.recheck_seconds:
-                        self._check_unchanged(shard)
-                        self._checked_at[shard] = now
-                opened.append(columns)
+            self._batches += 1
+            self._used[shards] = self._batches  # before opening: this batch's shards are closed last
+            opened = [self._open[shard] for shard in shards.tolist()]
+            if None in opened:
+                opened = [self._opened(shard) if columns is None else columns
+                          for shard, columns in zip(shards.tolist(), opened)]
+            now = time.monotonic()
+            for shard in shards[self._checked_at[shards] <= now - self.recheck_seconds].tolist():
+                self._check_unchanged(shard)
+                self._checked_at[shard] = now
         return opened
+
+    def _only(self):
+        """Return the Columns of a store of one shard: ``columns([0])`` without the arrays (one file: every read)."""
+        if self._pid != os.getpid():
+            self._reset()
+        with self._lock:
+            columns, now = self._open[0], time.monotonic()
+            if columns is None:
+                columns = self._opened(0)
+            elif now - self._checked_at[0] >= self.recheck_seconds:
+                self._check_unchanged(0)
+                self._checked_at[0] = now
+        return columns
+
+    def _opened(self, shard):
+        """Open ``shard`` into the cache; close the least recently used past the bound (this batch's last)."""
+        columns = self._open[shard]
+        if columns is None:  # not opened by an earlier part of this batch
+            columns = self._open[shard] = self._open_shard(shard)
+            self._checked_at[shard] = time.monotonic()
+            self._num_open += 1
+            while self._num_open > self.max_open_shards:
+                held = np.flatnonzero([other is not None for other in self._open])
+                oldest = held[np.argmin(self._used[held])]
+                self._open[oldest], self._checked_at[oldest] = None, -np.inf
+                self._num_open -= 1
+        return columns
 
     def _open_shard(self, shard):
         """Open ``shard``: checked in full the first time, compared with its fingerprint after that."""
