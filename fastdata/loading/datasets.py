@@ -29,6 +29,8 @@ ShardStore, which holds one file as a single shard; the shards of a folder
 are compared less often (NOTE [shard fingerprint] in shards.py).
 """
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
 
@@ -105,6 +107,19 @@ class PackedDataset(Dataset):
     def shard_paths(self):
         """Paths of the packed files behind the dataset, in sample order: ``[path]`` for a file."""
         return [self._store.index.path(shard) for shard in range(self.num_shards)]
+
+    @property
+    def fingerprint(self):
+        """A 16-hex-digit digest of the dataset's metadata and its files' sizes and checksums.
+
+        Equal for copies of one dataset (renamed, moved, synced to another
+        machine), different for another conversion of other data or settings;
+        a loader's resumable state carries it.
+        """
+        index = self._store.index
+        described = {"metadata": self.metadata, "starts": index.starts.tolist(), "sizes": index.sizes.tolist(),
+                     "checksums": list(index.checksums)}
+        return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
     def classes(self):

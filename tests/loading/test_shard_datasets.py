@@ -1,5 +1,6 @@
 """A shard folder read as one dataset: equal to the single file it holds, item by item and batch by batch."""
 
+import json
 import os
 import pickle
 import re
@@ -357,3 +358,15 @@ def test_make_loader_yields_the_files_batches(pair, num_workers):
 def test_make_loader_workers_started_afresh(shard_converted, shard_single, start_method):
     folder, single = open_dataset(shard_converted("arrow", "jpeg")), open_dataset(shard_single("arrow", "jpeg"))
     assert_same_loader_batches(folder, single, num_workers=2, multiprocessing_context=start_method)
+
+
+def test_the_fingerprint_follows_the_data_not_the_place(shard_folders, shard_copy, packed_files, fmt):
+    root = shard_folders(fmt, "raw")
+    copied = shard_copy(root)
+    assert open_dataset(copied).fingerprint == open_dataset(root).fingerprint
+    assert len({open_dataset(root).fingerprint, open_dataset(shard_folders(fmt, "jpeg")).fingerprint,
+                open_dataset(packed_files(fmt, "raw")).fingerprint}) == 3
+    index = json.loads((copied / "index.json").read_text())
+    index["metadata"]["mean"][0] += 0.5  # the same files, other statistics: other data to a resumed loader
+    (copied / "index.json").write_text(json.dumps(index))
+    assert open_dataset(copied).fingerprint != open_dataset(root).fingerprint
