@@ -44,6 +44,7 @@ from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
 from fastdata.formats.shards import read_index
 from fastdata.loading.decoders import decoder_for
+from fastdata.loading.readahead import check_pattern
 from fastdata.loading.shards import ShardStore
 
 
@@ -107,6 +108,11 @@ class PackedDataset(Dataset):
     def shard_paths(self):
         """Paths of the packed files behind the dataset, in sample order: ``[path]`` for a file."""
         return [self._store.index.path(shard) for shard in range(self.num_shards)]
+
+    @property
+    def nbytes(self):
+        """Bytes of the packed files behind the dataset, as the index or the file's size gives them."""
+        return int(self._store.index.sizes.sum())
 
     @property
     def fingerprint(self):
@@ -189,6 +195,30 @@ class PackedDataset(Dataset):
     def max_batch_bytes(self, batch_size, **options):
         """Return the most bytes of a ``read_batch`` of ``batch_size`` samples with ``options`` (labels included)."""
         return decoder_for(self.metadata, self.path).max_batch_bytes(batch_size, **options) + 8 * batch_size
+
+    def advise(self, pattern: str) -> None:
+        """Tell the kernel how the samples will be read: "random" (one page per fault) or "normal" (read-around).
+
+        Applies to the maps open in this process and to shards opened later,
+        here or in workers this dataset is pickled into (see NOTE [read ahead] in readahead.py).
+        """
+        check_pattern(pattern)
+        self._store.advise(pattern)
+
+    def will_need(self, ranges: np.ndarray) -> bool:
+        """Ask the kernel to read the stored bytes of samples ``[start, stop)`` now, in the background.
+
+        Cheap, and changes no result; skipped when a sample of the ranges is in
+        the page cache already (see NOTE [resident hints] in readahead.py).
+
+        Args:
+            ranges: int64 ``[K, 2]`` sample ranges, clipped to the dataset; any order, may overlap or span shards.
+
+        Returns:
+            Whether the kernel was asked.
+        """
+        ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        return self._store.will_need(np.clip(ranges, 0, self._num_samples))
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):

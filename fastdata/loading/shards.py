@@ -48,6 +48,7 @@ from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index, shard_differences
 from fastdata.loading.decoders import Parts
+from fastdata.loading.readahead import advise_column, column_spans, will_need_spans
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
@@ -76,6 +77,7 @@ class ShardStore:
         self._paths = [index.path(shard) for shard in range(index.num_shards)]
         self._fingerprints = {}  # shard -> fingerprint when checked, carried into workers
         self._cached = {}  # "labels", "lengths": int64 [N] over all shards, made on first ask
+        self._advice = None  # the access pattern set on every shard's sample column as it opens; see readahead.py
         self._reset()
 
     @classmethod
@@ -169,6 +171,8 @@ class ShardStore:
         columns = self._open[shard]
         if columns is None:  # not opened by an earlier part of this batch
             columns = self._open[shard] = self._open_shard(shard)
+            if self._advice is not None:
+                advise_column(columns.samples, self._advice)
             self._checked_at[shard] = time.monotonic()
             self._num_open += 1
             while self._num_open > self.max_open_shards:
@@ -221,6 +225,36 @@ class ShardStore:
                 "not change while it is read. Open it again (open_dataset) to read the new file, or put the old one "
                 "back."
             )
+
+    def advise(self, pattern):
+        """Set the access ``pattern`` ("random", "normal") of every shard's sample column: open ones and later ones."""
+        self._advice = pattern
+        if self._pid == os.getpid():
+            with self._lock:
+                for columns in self._open:
+                    if columns is not None:
+                        advise_column(columns.samples, pattern)
+
+    def will_need(self, ranges):
+        """Ask the kernel to read the sample bytes of int64 ``[K, 2]`` global sample ``ranges`` (checked) now.
+
+        Returns whether it was asked: False when a sample of the ranges was all in the page cache.
+        """
+        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
+        if not len(ranges):
+            return False
+        starts = self.index.starts
+        first = self.index.shard_of(ranges[:, 0])
+        last = self.index.shard_of(ranges[:, 1] - 1)
+        if (first != last).any():  # a range over shards: cut it at their starts
+            cuts = [[start, *starts[shard + 1:end + 1].tolist(), stop]
+                    for (start, stop), shard, end in zip(ranges.tolist(), first.tolist(), last.tolist())]
+            ranges = np.array([(a, b) for bounds in cuts for a, b in zip(bounds, bounds[1:])], dtype=np.int64)
+            first = self.index.shard_of(ranges[:, 0])
+        shards, where = np.unique(first, return_inverse=True)
+        spans = [column_spans(columns.samples, columns.offsets, ranges[where == k] - starts[shard])
+                 for k, (shard, columns) in enumerate(zip(shards.tolist(), self.columns(shards)))]
+        return will_need_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]))
 
     def labels(self):
         """Return int64 labels ``[N]``: the file's memory map, or every shard's concatenated once."""

@@ -1,0 +1,398 @@
+"""Reading data bigger than the page cache: kernel hints for the order's next reads, and the shuffle that fits.
+
+NOTE [read ahead]: a memory map read in random order pays a page fault per
+sample, and each fault reads the kernel's read-around window (128 KiB),
+evicted before it is used when the data does not fit in the page cache.
+Measured here on 64 px raw HDF5 (600,000 samples, 7.4 GB, 3.6 GB of cache
+left): a uniform shuffle through the map ran at 456 img/s with 286x read
+amplification; MADV_RANDOM on the map 9,800 img/s (1.2x); shuffled 3 MB
+blocks, one read each, 130,000 img/s (1.18x). So a uniform order marks the
+sample column MADV_RANDOM (one page per fault) and asks for the rows of the
+next steps with MADV_WILLNEED, which queues their reads at once (the disk
+serves ~25,000 random 12 KiB reads/s at depth, one at a time far fewer); a
+block order asks for a whole window of blocks (large sorted runs) when the
+one before it starts. Many ranges go to the kernel in one process_madvise
+call (up to 1,024 per call), not one madvise each.
+
+NOTE [resident hints]: a hint is not free when the data is cached: the
+kernel still walks the page cache for every range. Measured on 2 shared
+(busy) cores, 64 px raw, 256 resident rows: process_madvise(WILLNEED) of
+their 71-256 spans 67-190 us, the Python around it (spans per shard, pages
+merged) 150-250 us, against 570-640 us for order.batch + read_batch of the
+same step. So before asking, ``will_need_spans`` probes _PROBES of the
+spans with mincore and asks nothing when they are all cached; and a uniform
+ReadAhead whose rows were cached probes a few rows of a stretch of steps
+instead of computing them all, the stretch doubling up to QUIET_STEPS (64)
+while it stays cached, back to every step's rows as soon as a probe misses.
+Over 300 steps of a cached 4.9 GB shard folder (100 shards, batches of
+256): advance() cost 25-44 us a step, against 965-1,411 us for the step.
+
+These are Linux calls made through ctypes; elsewhere (or on a kernel
+without them) every hint is a no-op and reads are plain page faults.
+"""
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import sys
+
+import numpy as np
+
+from fastdata.errors import OptionError
+
+PAGE = mmap.PAGESIZE
+_ADVICE = {"normal": 0, "random": 1}  # MADV_NORMAL, MADV_RANDOM
+_MADV_WILLNEED = 3
+_SYS_PROCESS_MADVISE = 440  # the same number on every architecture Linux added it to (5.10)
+_IOV_MAX = 1024  # ranges one process_madvise call takes (UIO_MAXIOV)
+_PROBES = 8  # ranges of a hint checked with mincore first; see NOTE [resident hints]
+QUIET_STEPS = 64  # the longest stretch of steps left unhinted while the data is resident; NOTE [resident hints]
+LOOKAHEAD = 4  # steps of a uniform order hinted ahead of the one read; see NOTE [read ahead]
+BLOCK_BYTES = 256 << 10  # stored bytes per block of a block shuffle; see NOTE [block settings]
+WINDOW_BLOCKS = 1024  # blocks per window of a block shuffle; see NOTE [block settings]
+CACHE_SHARE = 0.8  # the share of available memory a dataset may fill and still count as cached; NOTE [auto shuffle]
+
+
+def _load_libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.syscall.restype = ctypes.c_long
+    return libc
+
+
+_LIBC = _load_libc()
+_PIDFD = {}  # pid -> a pidfd of this process, for process_madvise; False where the call is missing
+
+
+# ---------------------------------------------------------------- kernel calls
+
+
+def advise_column(samples: np.ndarray, pattern: str) -> None:
+    """Set the access ``pattern`` ("random" or "normal") on the pages of a mapped column ``samples``.
+
+    A no-op off Linux and for an empty column.
+    """
+    if _LIBC is None or not samples.nbytes:
+        return
+    start = samples.ctypes.data // PAGE * PAGE
+    stop = -(-(samples.ctypes.data + samples.nbytes) // PAGE) * PAGE
+    if _LIBC.madvise(start, stop - start, _ADVICE[pattern]):
+        raise OSError(ctypes.get_errno(), f"madvise({pattern}) failed on a mapped column")
+
+
+def will_need_spans(starts: np.ndarray, stops: np.ndarray) -> bool:
+    """Ask the kernel to read the mapped bytes at addresses ``[starts, stops)`` (uint64 ``[K]``) now, in the background.
+
+    The ranges are widened to pages and merged first. When a sample of them
+    is all in the page cache already, nothing is asked (see NOTE [resident
+    hints]). Returns whether the kernel was asked; a no-op (False) off Linux.
+    """
+    if _LIBC is None or not len(starts):
+        return False
+    spans = _page_spans(starts, stops)
+    if _resident(spans[np.linspace(0, len(spans) - 1, min(len(spans), _PROBES)).astype(np.int64)]):
+        return False
+    pidfd = _pidfd()
+    for first in range(0, len(spans), _IOV_MAX):
+        chunk = spans[first:first + _IOV_MAX]
+        if pidfd is False or _LIBC.syscall(ctypes.c_long(_SYS_PROCESS_MADVISE), ctypes.c_int(pidfd),
+                                           ctypes.c_void_p(chunk.ctypes.data), ctypes.c_size_t(len(chunk)),
+                                           ctypes.c_int(_MADV_WILLNEED), ctypes.c_uint(0)) < 0:
+            for address, length in chunk.tolist():  # an older kernel: one call per range
+                _LIBC.madvise(address, length, _MADV_WILLNEED)
+    return True
+
+
+def _resident(spans):
+    """Return whether every page of the mapped ``spans`` (uint64 ``[K, 2]`` address, length) is in the page cache."""
+    vector = np.zeros(int(spans[:, 1].max()) // PAGE, np.uint8)
+    for address, length in spans.tolist():
+        if _LIBC.mincore(address, length, vector.ctypes.data) or not (vector[:length // PAGE] & 1).all():
+            return False
+    return True
+
+
+def _page_spans(starts, stops):
+    """Return uint64 ``[K, 2]`` (address, length) of the pages under ``[starts, stops)``, sorted and merged."""
+    order = np.argsort(starts, kind="stable")
+    first = starts[order] // PAGE * PAGE
+    last = -(-stops[order] // PAGE) * PAGE
+    reach = np.maximum.accumulate(last)
+    new = np.ones(len(first), bool)
+    new[1:] = first[1:] > reach[:-1]  # a span that starts past every page before it opens a new run
+    heads = np.flatnonzero(new)
+    ends = np.append(heads[1:], len(first)) - 1
+    begin = first[heads]
+    return np.ascontiguousarray(np.stack([begin, reach[ends] - begin], axis=1), dtype=np.uint64)
+
+
+def _pidfd():
+    """Return a pidfd of this process for process_madvise, or False where the kernel has none."""
+    pid = os.getpid()
+    if pid not in _PIDFD:
+        try:
+            _PIDFD[pid] = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            _PIDFD[pid] = False
+    return _PIDFD[pid]
+
+
+def column_spans(samples: np.ndarray, offsets: np.ndarray | None, ranges: np.ndarray):
+    """Return the uint64 addresses ``(starts, stops)`` of rows ``[start, stop)`` of a mapped column.
+
+    Args:
+        samples: the column: ``[n, ...]`` fixed-size rows, or the flat values of ragged ones.
+        offsets: int64 ``[n + 1]`` value offsets of ragged rows, or None.
+        ranges: int64 ``[K, 2]`` row ranges of this column.
+    """
+    base = np.uint64(samples.ctypes.data)
+    if offsets is None:
+        unit = samples.strides[0] if samples.ndim else samples.itemsize
+        bounds = ranges * unit
+    else:
+        unit = samples.itemsize
+        bounds = np.asarray(offsets)[ranges] * unit
+    return base + bounds[:, 0].astype(np.uint64), base + bounds[:, 1].astype(np.uint64)
+
+
+def resident_pages(path: str | os.PathLike) -> np.ndarray:
+    """Return bool ``[pages]``: which pages of the file at ``path`` are in the page cache now (mincore).
+
+    Maps the file afresh (nothing is read). Linux only: raises OSError elsewhere.
+    """
+    size = os.path.getsize(path)
+    if _LIBC is None:
+        raise OSError("mincore needs Linux")
+    if not size:
+        return np.zeros(0, bool)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+        view = np.frombuffer(mapped, np.uint8)
+        vector = np.zeros(-(-size // PAGE), np.uint8)
+        failed = _LIBC.mincore(view.ctypes.data, size, vector.ctypes.data)
+        del view  # the map cannot close while a view exports it
+    if failed:
+        raise OSError(ctypes.get_errno(), f"mincore failed on {os.fspath(path)!r}")
+    return (vector & 1).astype(bool)
+
+
+def resident_fraction(path: str | os.PathLike) -> float:
+    """Return the fraction of the file's pages that are in the page cache now (0.0 to 1.0; 1.0 for an empty file)."""
+    pages = resident_pages(path)
+    return float(pages.mean()) if len(pages) else 1.0
+
+
+def evict(path: str | os.PathLike) -> None:
+    """Drop the file's clean pages from the page cache (written back first); pages mapped by a process stay.
+
+    For tests and benchmarks: the next reads come from the disk. A no-op where posix_fadvise is missing.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def check_pattern(pattern):
+    """Raise OptionError unless ``pattern`` is an access pattern ``advise`` takes."""
+    if pattern not in _ADVICE:
+        raise OptionError(f"pattern should be one of {', '.join(map(repr, _ADVICE))}; got pattern={pattern!r}")
+
+
+# ---------------------------------------------------------------- the order's next reads
+
+
+class ReadAhead:
+    """Ask the kernel for the samples an order will read next, a few steps before they are read.
+
+    Made before workers start (the advice set here travels with the
+    dataset), then told where an epoch starts and which step is about to be
+    read (see NOTE [read ahead]): "uniform" marks the sample maps random and
+    hints this rank's rows of the next ``lookahead`` steps, "block" hints a
+    whole window of blocks when the one before it starts, "none" leaves the
+    kernel's own read-ahead to the sequential reads.
+
+    Args:
+        dataset: a PackedDataset (anything with ``advise`` and ``will_need``).
+        order: the EpochOrder the batches come from.
+        rank: this rank; world_size: ranks sharing each global batch.
+        lookahead: steps hinted ahead of the one being read ("uniform").
+    """
+
+    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD):
+        self.dataset, self.order, self.rank, self.world_size = dataset, order, rank, world_size
+        self.lookahead = lookahead
+        self.mode = order.shuffle
+        dataset.advise("random" if self.mode == "uniform" else "normal")
+        self._epoch, self._hinted, self._window, self._quiet = 0, 0, None, 0
+
+    def start(self, epoch: int, step: int) -> None:
+        """Begin ``epoch`` at ``step``: hint what its first steps read."""
+        self._epoch, self._hinted, self._window, self._quiet = epoch, step, None, 0
+        self.advance(step)
+
+    def advance(self, step: int) -> None:
+        """Note that ``step``'s indices were just produced; hint what is read next."""
+        if self.mode == "uniform" and self._hinted < min(step + self.lookahead, self.order.num_steps):
+            self._hint_steps(max(self._hinted, step))
+        elif self.mode == "block":
+            self._hint_windows(step)
+
+    def _hint_steps(self, first):
+        """Hint the rows of a chunk of steps from ``first`` (one samples() call), or probe a longer stretch.
+
+        See NOTE [resident hints]: while the rows found are in the page cache,
+        a few rows of ``_quiet`` steps are probed instead, ``_quiet`` doubling
+        up to QUIET_STEPS; rows that are not start hinting every step again.
+        """
+        if self._quiet:
+            stop = min(first + self._quiet, self.order.num_steps)
+            probes = np.unique(np.linspace(first, stop - 1, _PROBES).astype(np.int64)).tolist()
+            positions = [self.order.step_positions(step, self.rank, self.world_size)[0] for step in probes]
+            if not self._will_need(positions):
+                self._hinted, self._quiet = stop, min(2 * self._quiet, QUIET_STEPS)
+                return
+        stop = min(first + 2 * self.lookahead, self.order.num_steps)
+        spans = [self.order.step_positions(step, self.rank, self.world_size) for step in range(first, stop)]
+        positions = np.concatenate([np.empty(0, np.int64)] + [np.arange(a, b, dtype=np.int64) for a, b in spans])
+        self._quiet = 0 if self._will_need(positions) else 2 * self.lookahead
+        self._hinted = stop
+
+    def _will_need(self, positions):
+        positions = np.asarray(positions, dtype=np.int64)
+        positions = positions[positions < self.order.epoch_length]
+        return bool(len(positions)) and self.dataset.will_need(runs(self.order.samples(self._epoch, positions)))
+
+    def _hint_windows(self, step):
+        start, stop = self.order.step_positions(step, self.rank, self.world_size)
+        if start >= stop:
+            return
+        window = self.order.window_of(self._epoch, start)
+        if window == self._window:
+            return
+        if self._window is None:  # an epoch starts here: its current window too
+            self.dataset.will_need(self.order.window_ranges(self._epoch, window))
+        self._window = window
+        if (window + 1) * self.order.window < self.order.num_blocks:
+            self.dataset.will_need(self.order.window_ranges(self._epoch, window + 1))
+        else:  # the last window: the next epoch's first
+            self.dataset.will_need(self.order.window_ranges(self._epoch + 1, 0))
+
+
+def runs(indices: np.ndarray) -> np.ndarray:
+    """Return int64 ``[K, 2]`` ranges ``[start, stop)`` of consecutive values among sample ``indices`` (any order)."""
+    values = np.unique(np.asarray(indices, dtype=np.int64))
+    if not len(values):
+        return np.empty((0, 2), np.int64)
+    breaks = np.flatnonzero(np.diff(values) != 1) + 1
+    return np.stack([values[np.r_[0, breaks]], values[np.r_[breaks - 1, len(values) - 1]] + 1], axis=1)
+
+
+# ---------------------------------------------------------------- the shuffle that fits
+
+
+# NOTE [block settings]: a block is BLOCK_BYTES of stored samples (21 of
+# 64 px raw, about 10 of 224 px JPEG), a window WINDOW_BLOCKS blocks: each
+# read is one sorted run of at least 64 pages, and a batch draws from 1,024
+# blocks, which kept >= 90% of a uniform shuffle's classes per batch on 100
+# classes (tests/loading/test_order.py). ReadAhead keeps the current window
+# and the next in the page cache: 2 x 256 MiB. The settings come from the
+# dataset alone, never from this machine's memory, so that every rank and
+# every resumed run computes the same order.
+
+
+def block_settings(dataset) -> tuple[int, int]:
+    """Return the default ``(block_size, window)`` of a block shuffle: samples per block, blocks per window.
+
+    A block holds about BLOCK_BYTES of stored samples (at least one); a
+    window holds WINDOW_BLOCKS blocks. Both come from the dataset alone, so
+    every rank computes the same order (see NOTE [block settings]).
+    """
+    per_sample = dataset.nbytes / max(len(dataset), 1)
+    return max(1, round(BLOCK_BYTES / max(per_sample, 1))), WINDOW_BLOCKS
+
+
+# NOTE [auto shuffle]: shuffle=True reads uniformly while the dataset can
+# stay in the page cache, and in blocks when it cannot: its files' bytes
+# against CACHE_SHARE (80%) of the memory this process could fill with
+# cache, the least of /proc/meminfo's MemAvailable (free memory plus cache
+# that can be dropped, this dataset's cached pages included) and its memory
+# cgroup's limit less what the cgroup holds outside the page cache (a cgroup
+# charges page cache to its limit; MemAvailable does not see the limit).
+# The other 20% is left to the training process's own growth. A dataset
+# that fits is read from disk once in a uniform order (at the disk's random
+# read rate, NOTE [read ahead]) and from memory after; one that does not
+# would be read from disk every epoch at that rate.
+
+
+def choose_shuffle(dataset, available_bytes: int | None = None) -> tuple[str, str]:
+    """Return ``("uniform" | "block", reason)``: block when the dataset cannot stay in the page cache.
+
+    See NOTE [auto shuffle]. ``available_bytes`` overrides the memory this
+    process could fill with cache (MemAvailable, or its cgroup's room).
+    """
+    where = "given"
+    if available_bytes is None:
+        available_bytes, where = available_memory()
+    fits = dataset.nbytes <= CACHE_SHARE * available_bytes
+    reason = (f"{dataset.nbytes / 1e9:.2f} GB of data {'fit' if fits else 'do not fit'} in "
+              f"{CACHE_SHARE:.0%} of {available_bytes / 1e9:.2f} GB of memory available ({where})")
+    return ("uniform" if fits else "block"), reason
+
+
+def available_memory() -> tuple[int, str]:
+    """Return ``(bytes, where)``: the memory this process can fill with page cache (the system's or its cgroup's).
+
+    Off Linux, ``(2**63 - 1, "unknown")``: everything fits.
+    """
+    found = [(2**63 - 1, "unknown")]
+    try:
+        with open("/proc/meminfo") as f:
+            meminfo = dict(line.split(":", 1) for line in f)
+        found.append((int(meminfo["MemAvailable"].split()[0]) * 1024, "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        pass
+    room = _cgroup_room()
+    if room is not None:
+        found.append((room, "cgroup limit"))
+    return min(found)
+
+
+def _cgroup_room():
+    """Return this process's memory cgroup limit less the memory it holds outside the page cache, or None."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):  # cgroup v1
+            return _room("/sys/fs/cgroup/memory" + path, "memory.limit_in_bytes", "memory.usage_in_bytes", "cache")
+    for _, controllers, path in lines:
+        if controllers == "":  # cgroup v2
+            return _room("/sys/fs/cgroup" + path, "memory.max", "memory.current", "file")
+    return None
+
+
+def _room(folder, limit_name, usage_name, cache_key):
+    try:
+        with open(os.path.join(folder, limit_name)) as f:
+            limit = f.read().strip()
+        if limit == "max" or int(limit) >= 2**62:
+            return None
+        with open(os.path.join(folder, usage_name)) as f:
+            usage = int(f.read())
+        with open(os.path.join(folder, "memory.stat")) as f:
+            stat = dict(line.split() for line in f)
+        return max(int(limit) - usage + int(stat.get(cache_key, 0)), 0)
+    except (OSError, ValueError):
+        return None

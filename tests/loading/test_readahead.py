@@ -1,0 +1,294 @@
+"""Read-ahead: kernel hints put exactly the rows an order reads next into the page cache, and change no result."""
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import column_regions, private_copy
+
+from fastdata import open_dataset
+from fastdata.formats import read_packed
+from fastdata.loading.order import EpochOrder
+from fastdata.loading.readahead import (
+    BLOCK_BYTES,
+    CACHE_SHARE,
+    PAGE,
+    WINDOW_BLOCKS,
+    ReadAhead,
+    _page_spans,
+    available_memory,
+    block_settings,
+    choose_shuffle,
+    evict,
+    resident_pages,
+    runs,
+)
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and mincore are Linux calls")
+CGROUP_V1 = "/sys/fs/cgroup/memory"
+
+
+def row_pages(path):
+    """Return ``(first page, stop page)`` int64 ``[N]`` of each stored sample of a packed file (format layer only)."""
+    offset, _ = column_regions(path)["samples"]
+    columns, _ = read_packed(path, check=False)
+    if columns.offsets is None:
+        size = columns.samples.nbytes // max(columns.num_samples, 1)
+        bounds = np.arange(columns.num_samples + 1, dtype=np.int64) * size
+    else:
+        bounds = np.asarray(columns.offsets, dtype=np.int64) * columns.samples.itemsize
+    bounds = bounds + offset
+    return bounds[:-1] // PAGE, -(-bounds[1:] // PAGE)
+
+
+class Residency:
+    """Where each sample of a dataset's files lies, and which of them are in the page cache."""
+
+    def __init__(self, dataset):
+        self.files = dataset.shard_paths
+        self.starts = np.cumsum([0] + [len(open_dataset(path)) for path in self.files])
+        self.pages = [row_pages(path) for path in self.files]
+        self.dataset, self.pinned = dataset, None
+
+    def evict(self):
+        """Evict the files; samples still cached after it share a page with a column the dataset has read.
+
+        The dataset opens every shard and reads its labels and offsets in
+        between two evictions: opening a shard reads ahead of its header, and
+        a fault on an offsets page reads around it, into the samples; one on a
+        cached page maps its cached neighbours too (fault-around), and mapped
+        pages cannot be evicted.
+        """
+        for path in self.files:
+            evict(path)
+        dataset = self.dataset
+        int(np.asarray(dataset.labels).sum() + (0 if dataset.storage == "raw" else dataset.lengths.sum()))
+        for path in self.files:
+            evict(path)
+        self.pinned = self.resident()
+        if self.pinned.all():
+            pytest.skip("every sample shares a page with a column the dataset mapped, or eviction keeps pages cached")
+
+    def resident(self):
+        """Return bool ``[N]``: whether every page of each sample is cached."""
+        flags = []
+        for path, (first, stop) in zip(self.files, self.pages):
+            cached = np.concatenate([resident_pages(path), [False]])
+            counts = np.concatenate([[0], np.cumsum(~cached)])
+            flags.append(counts[stop] - counts[first] == 0)
+        return np.concatenate(flags)
+
+    def shares_a_page(self, rows):
+        """Return bool ``[N]``: whether a sample shares a page with one of ``rows`` (global indices)."""
+        shared = []
+        for number, (first, stop) in enumerate(self.pages):
+            mine = rows[(rows >= self.starts[number]) & (rows < self.starts[number + 1])] - self.starts[number]
+            pages = np.zeros(stop.max() + 1, bool)
+            for row in mine.tolist():
+                pages[first[row]:stop[row]] = True
+            counts = np.concatenate([[0], np.cumsum(pages)])
+            shared.append(counts[stop] - counts[first] > 0)
+        return np.concatenate(shared)
+
+    def wait_for(self, rows, timeout=20.0):
+        """Poll until every one of ``rows`` is cached (the hint's reads are asynchronous); return the flags."""
+        deadline = time.monotonic() + timeout
+        while not (flags := self.resident())[rows].all() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return flags
+
+    def check_exactly(self, rows):
+        """Assert that ``rows`` became cached and that no sample sharing no page with them did."""
+        flags = self.wait_for(rows)
+        assert flags[rows].all(), np.flatnonzero(~flags)
+        others = ~self.shares_a_page(rows) & ~self.pinned
+        assert not flags[others].any(), np.flatnonzero(flags & others)
+
+
+@pytest.fixture(params=["file", "folder"])
+def copied(request, packed_files, shard_folders, fmt, storage, tmp_path):
+    """A private copy of the session's file (or shard folder): no other test's maps hold its pages."""
+    if request.param == "file":
+        return open_dataset(private_copy(packed_files(fmt, storage), tmp_path))
+    return open_dataset(shutil.copytree(shard_folders(fmt, storage), tmp_path / "shards"))
+
+
+@linux_only
+def test_will_need_reads_evicted_samples_into_the_page_cache(copied):
+    where = Residency(copied)
+    where.evict()
+    copied.will_need(np.array([[17, 21], [3, 9], [5, 6]]))  # overlapping, unsorted, over shards
+    where.check_exactly(np.r_[3:9, 17:21])
+
+
+@linux_only
+@pytest.mark.parametrize("storage", ["raw"])
+def test_will_need_asks_nothing_when_the_samples_are_cached(copied):
+    for path in copied.shard_paths:
+        with open(path, "rb") as f:
+            f.read()
+    assert not copied.will_need(np.array([[0, len(copied)]]))
+    Residency(copied).evict()
+    assert copied.will_need(np.array([[0, len(copied)]]))
+
+
+def mapped_with_random_advice(path):
+    """Return how many of this process's maps of ``path`` carry MADV_RANDOM ("rr" in smaps VmFlags)."""
+    real, count, current = os.path.realpath(path), 0, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):
+                current = fields[5] if len(fields) == 6 else None
+            elif fields[0] == "VmFlags:" and current == real:
+                count += "rr" in fields[1:]
+    return count
+
+
+@linux_only
+def test_advice_reaches_open_shards_later_shards_and_pickled_copies(copied):
+    indices = np.arange(len(copied))
+    expected = copied.read_batch(indices)
+    copied.read_batch(indices[:1])  # the first shard open before the advice
+    copied.advise("random")
+    assert mapped_with_random_advice(copied.shard_paths[0]) == 1  # the sample column's map only
+    copy = pickle.loads(pickle.dumps(copied))
+    for dataset in (copied, copy):
+        got = dataset.read_batch(indices)
+        assert all(a.equal(b) for a, b in zip(got, expected))
+    assert {mapped_with_random_advice(path) for path in copied.shard_paths} == {2}
+    copied.advise("normal")
+    assert {mapped_with_random_advice(path) for path in copied.shard_paths} == {1}  # the copy's stay random
+
+
+def test_advice_and_hints_change_no_read_result(copied):
+    indices = np.random.default_rng(0).permutation(len(copied))
+    expected = copied.read_batch(indices)
+    for pattern in ("random", "normal"):
+        copied.advise(pattern)
+        copied.will_need(np.array([[0, len(copied)], [-5, 3], [20, 10**9]]))
+        assert all(a.equal(b) for a, b in zip(copied.read_batch(indices), expected))
+    with pytest.raises(ValueError, match="pattern should be one of 'normal', 'random'; got pattern='sequential'"):
+        copied.advise("sequential")
+
+
+def rows_of(order, epoch, steps, rank, world_size):
+    return np.unique(np.concatenate([order.batch(epoch, step, rank, world_size) for step in steps]))
+
+
+@linux_only
+@pytest.mark.parametrize("storage", ["raw"])
+def test_a_uniform_read_ahead_hints_this_ranks_rows_of_the_next_steps(copied):
+    order = EpochOrder(len(copied), 4, shuffle="uniform", seed=7)
+    where = Residency(copied)
+    read_ahead = ReadAhead(copied, order, rank=1, world_size=2, lookahead=2)
+    where.evict()
+    read_ahead.start(epoch=3, step=1)  # hints steps 1-4: lookahead steps and as many more, in one chunk
+    where.check_exactly(rows_of(order, 3, range(1, 5), 1, 2))
+    where.evict()
+    for step in (2, 3):  # still ahead by lookahead: nothing new
+        read_ahead.advance(step)
+    assert not where.resident()[~where.pinned].any()
+    read_ahead.advance(4)
+    where.check_exactly(rows_of(order, 3, range(5, order.num_steps), 1, 2))
+
+
+@linux_only
+@pytest.mark.parametrize("storage", ["raw"])
+def test_a_block_read_ahead_hints_the_next_window_when_one_starts(copied):
+    order = EpochOrder(len(copied), 2, shuffle="block", seed=3, block_size=2, window=3)  # 24 samples: 4 windows
+    where = Residency(copied)
+    read_ahead = ReadAhead(copied, order)
+    window_rows = [np.concatenate([np.arange(a, b) for a, b in order.window_ranges(5, w)]) for w in range(4)]
+    where.evict()
+    read_ahead.start(epoch=5, step=4)  # positions 8-9: window 1 (6 samples a window)
+    assert np.isin(rows_of(order, 5, range(3, 6), 0, 1), window_rows[1]).all()
+    where.check_exactly(np.concatenate(window_rows[1:3]))
+    where.evict()
+    read_ahead.advance(5)  # window 1 still
+    assert not where.resident()[~where.pinned].any()
+    read_ahead.advance(6)  # window 2 starts: window 3 is next
+    where.check_exactly(window_rows[3])
+    where.evict()
+    read_ahead.advance(9)  # the last window: the next epoch's first
+    where.check_exactly(np.concatenate([np.arange(a, b) for a, b in order.window_ranges(6, 0)]))
+
+
+@linux_only
+@pytest.mark.parametrize("storage", ["raw"])
+def test_a_sequential_read_ahead_hints_nothing(copied):
+    order = EpochOrder(len(copied), 4, shuffle="none")
+    where = Residency(copied)
+    read_ahead = ReadAhead(copied, order)
+    where.evict()
+    read_ahead.start(0, 0)
+    for step in range(order.num_steps):
+        read_ahead.advance(step)
+    time.sleep(0.2)
+    assert not where.resident()[~where.pinned].any()
+
+
+@given(st.lists(st.integers(0, 200), max_size=60))
+def test_runs_cover_exactly_the_indices_in_disjoint_sorted_ranges(indices):
+    ranges = runs(np.array(indices, dtype=np.int64))
+    covered = np.concatenate([np.empty(0, np.int64)] + [np.arange(a, b) for a, b in ranges])
+    assert np.array_equal(covered, np.unique(np.array(indices, dtype=np.int64)))
+    assert (ranges[1:, 0] > ranges[:-1, 1]).all()  # apart: adjacent runs would be one
+
+
+@given(st.lists(st.tuples(st.integers(0, 40 * PAGE), st.integers(0, 3 * PAGE)), min_size=1, max_size=30))
+def test_page_spans_cover_the_pages_of_the_ranges_merged(ranges):
+    starts = np.array([a for a, _ in ranges], dtype=np.uint64)
+    stops = starts + np.array([n for _, n in ranges], dtype=np.uint64)
+    spans = _page_spans(starts, stops)
+    expected = set()
+    for a, b in zip(starts.tolist(), stops.tolist()):
+        expected |= set(range(a // PAGE, -(-b // PAGE)))
+    got = set()
+    for address, length in spans.tolist():
+        assert address % PAGE == 0 and length % PAGE == 0
+        got |= set(range(address // PAGE, (address + length) // PAGE))
+    assert got == expected
+    assert (spans[1:, 0] > spans[:-1, 0] + spans[:-1, 1]).all()  # sorted, with a gap between spans
+
+
+def test_choose_shuffle_picks_block_when_the_data_cannot_stay_in_the_page_cache(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    mode, reason = choose_shuffle(dataset, available_bytes=2 * dataset.nbytes)
+    assert mode == "uniform" and f"fit in {CACHE_SHARE:.0%} of" in reason and "(given)" in reason
+    mode, reason = choose_shuffle(dataset, available_bytes=dataset.nbytes)
+    assert mode == "block" and "do not fit" in reason
+    assert choose_shuffle(dataset)[0] == "uniform"  # a few hundred kB
+
+
+def test_block_settings_make_blocks_of_about_block_bytes(packed_files, packed_text):
+    for dataset in (open_dataset(packed_files("hdf5", "raw")), open_dataset(packed_text("arrow"))):
+        block_size, window = block_settings(dataset)
+        per_sample = dataset.nbytes / len(dataset)
+        assert window == WINDOW_BLOCKS
+        assert abs(block_size * per_sample - BLOCK_BYTES) <= per_sample / 2
+
+
+@linux_only
+@pytest.mark.skipif(not os.access(CGROUP_V1, os.W_OK), reason="needs a writable cgroup v1 memory hierarchy (root)")
+def test_available_memory_is_bounded_by_the_cgroup_limit(tmp_path):
+    group = os.path.join(CGROUP_V1, f"fastdata-test-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(300 << 20))
+        code = ("import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid())); "
+                "from fastdata.loading.readahead import available_memory; print(*available_memory())")
+        out = subprocess.run([sys.executable, "-c", code, group], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.rmdir(group)
+    room, where = out.split(maxsplit=1)
+    assert where.strip() == "cgroup limit" and 0 < int(room) <= 300 << 20
+    assert available_memory()[0] > 0
