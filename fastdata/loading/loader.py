@@ -28,13 +28,15 @@ from contextlib import closing
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
 from fastdata.loading.datasets import PackedDataset
+from fastdata.loading.order import SHUFFLES
 from fastdata.loading.recommendation import read_recommendation
-from fastdata.loading.samplers import BatchIndexSampler, EpochSampler
+from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, check_rank
 from fastdata.loading.transport import SharedSlots, SlotBatch
 
 
@@ -42,9 +44,14 @@ def make_loader(
     dataset: PackedDataset,
     batch_size: int = 256,
     *,
-    shuffle: bool = False,
+    shuffle: bool | str = False,
     seed: int = 0,
     drop_last: bool = False,
+    remainder: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    block_size: int | None = None,
+    window: int | None = None,
     num_workers: int | str = 0,
     pin_memory: bool | None = None,
     prefetch_factor: int | None = None,
@@ -56,16 +63,38 @@ def make_loader(
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
     On a text file it yields ``(tokens int64 [B, T], lengths int64 [B],
-    labels int64 [B])``, tokens padded with the file's pad id.
+    labels int64 [B])``, tokens padded with the file's pad id. Under
+    ``torch.distributed`` each rank reads its share of every global batch of
+    ``batch_size * world_size`` samples, in one order for any world size and
+    number of workers (see NOTE [global order] in order.py); every rank
+    yields ``len(loader)`` batches. ``state_dict()`` and
+    ``load_state_dict()`` checkpoint and resume mid-epoch (see NOTE [loader
+    state]).
 
     Args:
         dataset: an HDF5Dataset or ArrowDataset, or any object with ``len``
             and ``read_batch(indices, pin_memory, **options)``; its
             ``read_options`` names the options that takes (none if absent).
-        batch_size: samples per batch.
-        shuffle: a new seeded permutation each epoch.
-        seed: base seed of the permutations.
-        drop_last: leave out a last, smaller batch.
+        batch_size: samples per batch of this rank.
+        shuffle: False or "none": in index order; "uniform": a new seeded
+            order each epoch; "block": shuffled blocks of consecutive
+            samples, then samples within windows of blocks (large sorted
+            reads for data bigger than the page cache); True: "block" where
+            the dataset cannot stay in the page cache, else "uniform".
+        seed: base seed of the order (a non-negative int).
+        drop_last: same as ``remainder="drop"``.
+        remainder: the last, short global batch: "drop"; "pad" it by
+            wrapping to the epoch's start; "partial" keeps it short, shared
+            evenly by the ranks. Default: "drop" with ``drop_last``, else
+            "partial" for one rank and "pad" for more.
+        rank: this process's rank; default: torch.distributed's where its
+            process group is initialized, else 0.
+        world_size: ranks sharing each global batch; default:
+            torch.distributed's, else 1.
+        block_size: samples per block of ``shuffle="block"``; default: from
+            the dataset's sample size.
+        window: blocks shuffled together by ``shuffle="block"``; default:
+            from the dataset.
         num_workers: 0 reads in this process with a background thread (the
             fastest for packed files, see NOTE [in-process default]); more
             starts a torch DataLoader whose workers each read whole batches;
@@ -82,11 +111,13 @@ def make_loader(
         batch_sampler: any iterable of index batches, iterated once per
             epoch: a BucketBatchSampler, a list of lists, a torch
             BatchSampler (see NOTE [epoch protocol] in samplers.py);
-            replaces batch_size, shuffle, seed, drop_last.
+            replaces batch_size, shuffle, seed, drop_last, remainder, rank,
+            world_size, block_size and window.
 
     Returns:
-        an iterable with ``len``, ``batch_size``, ``dataset`` and ``sampler``:
-        a WorkerLoader (a ``torch.utils.data.DataLoader``) when ``num_workers > 0``.
+        an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
+        ``state_dict`` and ``load_state_dict``: a WorkerLoader (a
+        ``torch.utils.data.DataLoader``) when ``num_workers > 0``.
 
     Raises:
         TypeError: ``dataset`` is not a fastdata dataset, or ``batch_sampler``
@@ -109,10 +140,12 @@ def make_loader(
     options = _read_options(dataset, pad_to)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
+    order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
+                     "world_size": world_size, "block_size": block_size, "window": window}
     if batch_sampler is None:
-        sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        sampler = _index_sampler(dataset, batch_size, seed, **order_options)
     else:
-        sampler = _check_batch_sampler(batch_sampler, shuffle, drop_last)
+        sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                            options=options)
@@ -133,10 +166,44 @@ def make_loader(
     )
 
 
-def _check_batch_sampler(sampler, shuffle, drop_last):
+def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, rank, world_size, block_size,
+                   window):
+    """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default."""
+    group = dist.is_available() and dist.is_initialized()
+    world_size = (dist.get_world_size() if group else 1) if world_size is None else world_size
+    rank = (dist.get_rank() if group else 0) if rank is None else rank
+    check_rank(rank, world_size)
+    shuffle, block_size, window = _order_settings(dataset, shuffle, block_size, window, group)
+    return BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                             remainder=remainder, rank=rank, world_size=world_size, block_size=block_size,
+                             window=window)
+
+
+def _order_settings(dataset, shuffle, block_size, window, group):
+    """Return ``(shuffle mode, block_size, window)``, automatic choices made once, on rank 0 of a process group."""
+    if isinstance(shuffle, bool):
+        shuffle = "auto" if shuffle else "none"
+    if shuffle not in (*SHUFFLES, "auto"):
+        raise OptionError(f"shuffle should be True, False or one of 'none', 'uniform', 'block', 'auto'; "
+                          f"got shuffle={shuffle!r}")
+    automatic = shuffle == "auto" or (shuffle == "block" and None in (block_size, window))
+    if shuffle == "auto":
+        shuffle = "uniform"  # until fastdata.loading.readahead.choose_shuffle exists
+    if shuffle == "block" and None in (block_size, window):
+        raise OptionError("shuffle='block' needs block_size and window")  # until readahead.block_settings exists
+    if automatic and group and dist.get_world_size() > 1:  # every rank must use rank 0's order
+        settings = [shuffle, block_size, window]
+        dist.broadcast_object_list(settings, src=0)
+        shuffle, block_size, window = settings
+    return shuffle, block_size, window
+
+
+def _check_batch_sampler(sampler, order_options):
     """Return ``sampler`` if it can be an iterable of index batches; raise TypeError or ValueError if not."""
-    if shuffle or drop_last:
-        raise OptionError("batch_sampler replaces shuffle and drop_last; set those on the sampler")
+    given = [name for name, value in order_options.items() if value is not None and value is not False]
+    if given:
+        raise OptionError(f"batch_sampler replaces {', '.join(order_options)}; set those on the sampler, "
+                          f"got {', '.join(given)}")
     if not isinstance(sampler, Iterable) or isinstance(sampler, (str, bytes, Mapping, np.ndarray, torch.Tensor)):
         raise TypeError(
             "batch_sampler should be an iterable of index batches, e.g. [[0, 1], [2, 3]], a BucketBatchSampler or "
@@ -159,11 +226,118 @@ def _largest_batch(sampler):
     return None
 
 
-class BatchLoader:
+class _Resumable:
+    """``state_dict`` and ``load_state_dict`` of a loader over an EpochSampler.
+
+    NOTE [loader state]: the state names a position in the global order
+    (NOTE [global order] in order.py): the epoch and the samples of the
+    global steps whose batches this loader handed to the loop, counted as
+    they are yielded, not as they are read ahead (by the read-ahead thread,
+    the next epoch's first batch or workers). Resuming sets the sampler's
+    epoch and start step, O(1), and the next iteration continues there;
+    as the order depends on the global batch only, on any world size and
+    number of workers. The state also holds the settings that decide the
+    order and the dataset's fingerprint; a state whose settings differ
+    would continue another order, so it is refused.
+    """
+
+    sampler: EpochSampler
+    _position = None  # [epoch, steps handed] of the iteration in progress, or None between epochs
+
+    def _begin_epoch(self):
+        """Return ``[epoch, start step]`` of the epoch about to be iterated (None without an EpochSampler)."""
+        if isinstance(self.sampler, EpochSampler):
+            self._position = [self.sampler.epoch, self.sampler.start_step]
+            return self._position
+        return None
+
+    def _counted(self, batches, position):
+        """Yield ``batches``, counting in ``position`` those handed over; forget it at the epoch's end."""
+        if position is None:
+            yield from batches
+            return
+        for batch in batches:
+            position[1] += 1  # handed over once yielded: a state taken in the loop body counts this batch
+            yield batch
+        if self._position is position:  # not replaced by a later iteration or a load_state_dict
+            self._position = None
+
+    def state_dict(self) -> dict:
+        """Return where the loader stands, JSON-able: the epoch and samples consumed in it, and what decides the order.
+
+        Raises:
+            TypeError: the loader's batch sampler is not an EpochSampler.
+        """
+        sampler = self._epoch_sampler()
+        epoch, step = self._position or (sampler.epoch, sampler.start_step)
+        if step >= len(sampler):
+            epoch, step = epoch + 1, 0
+        return {"version": _STATE_VERSION, "dataset": _fingerprint(self.packed_dataset), **sampler.describe(),
+                "epoch": epoch, "samples_consumed": step * sampler.global_batch}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue at the position of ``state`` (from ``state_dict``) with the next iteration, in O(1).
+
+        Raises:
+            TypeError: ``state`` is not a mapping, or the batch sampler not an EpochSampler.
+            ValueError: ``state`` is from another dataset or order settings, or malformed.
+        """
+        sampler = self._epoch_sampler()
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state should be a dict from loader.state_dict(), got {type(state).__name__}")
+        expected = {"version": _STATE_VERSION, "dataset": _fingerprint(self.packed_dataset), **sampler.describe()}
+        if sampler.num_samples % sampler.global_batch == 0:  # no short last batch: every remainder gives one order
+            del expected["remainder"]  # (a default that differs between one rank and more)
+        _check_state(state, expected)
+        epoch, consumed = state.get("epoch"), state.get("samples_consumed")
+        steps = consumed // sampler.global_batch if isinstance(consumed, int) else -1
+        if not isinstance(epoch, int) or epoch < 0 or not 0 <= steps <= len(sampler) or \
+                consumed != steps * sampler.global_batch:
+            raise OptionError(f"state has epoch={epoch!r} and samples_consumed={consumed!r}; expected an epoch >= 0 "
+                              f"and a multiple of the global batch ({sampler.global_batch}) up to "
+                              f"{len(sampler) * sampler.global_batch}; pass a dict from loader.state_dict()")
+        sampler.resume(epoch, steps)
+        self._position = None
+        self._next_epoch = None  # a next epoch's first batch read early is of another position
+
+    def _epoch_sampler(self):
+        if not isinstance(self.sampler, EpochSampler):
+            raise TypeError(f"a loader over a {type(self.sampler).__name__} cannot say where an epoch stands; "
+                            "make it with make_loader's own sampler or a BucketBatchSampler to checkpoint it")
+        return self.sampler
+
+
+_STATE_VERSION = 1
+
+
+def _fingerprint(dataset):
+    return getattr(dataset, "fingerprint", None)
+
+
+def _check_state(state, expected):
+    """Raise OptionError naming the first field of ``state`` that differs from ``expected``."""
+    for field, ours in expected.items():
+        saved = state.get(field)
+        if saved == ours:
+            continue
+        if field == "dataset":
+            advice = "resume over the dataset it was saved from (a copy of it is fine)"
+        elif field == "global_batch":
+            advice = f"make the loader with batch_size * world_size = {saved!r}"
+        elif field == "version":
+            advice = "save the state again with this version of fastdata"
+        else:
+            advice = f"make the loader with {field}={saved!r}"
+        raise OptionError(f"cannot resume from this state: its {field} is {saved!r}, this loader's is {ours!r}; "
+                          f"{advice}")
+
+
+class BatchLoader(_Resumable):
     """Read batches in this process, ``prefetch_factor`` ahead on a background thread.
 
     Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``;
-    ``packed_dataset`` is the dataset too, as on a WorkerLoader.
+    ``packed_dataset`` is the dataset too, as on a WorkerLoader; resumable
+    with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
     """
 
     def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None):
@@ -181,11 +355,12 @@ class BatchLoader:
         return len(self.sampler)
 
     def __iter__(self):
+        position = self._begin_epoch()  # see NOTE [loader state]: taken before the sampler advances
         first, indices = self._take_next_epoch()
         batches = self._read(indices)
         if self.prefetch_factor > 0:
             batches = self._read_ahead(batches, first)
-        return self._body.timed(batches)
+        return self._counted(self._body.timed(batches), position)
 
     def _read(self, indices):
         for batch_indices in indices:
@@ -256,7 +431,7 @@ class BatchLoader:
         if self._next_epoch is not None:
             epoch, first, indices = self._next_epoch
             self._next_epoch = None
-            if self.sampler.epoch == epoch:  # untouched, or set_epoch to the same epoch
+            if self.sampler.epoch == epoch and self.sampler.start_step == 0:  # untouched, or set_epoch to the same
                 self.sampler.set_epoch(epoch + 1)  # this epoch is read: as iterating the sampler would
                 return first, indices
         return None, iter(self.sampler)
@@ -354,11 +529,12 @@ def _read_on_thread(batches, depth, at_end=None, first=None):
         thread.join()
 
 
-class WorkerLoader(DataLoader):
+class WorkerLoader(_Resumable, DataLoader):
     """A DataLoader whose workers return whole batches through shared slots.
 
     See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
     Its ``dataset`` hands out whole batches; ``packed_dataset`` is the file's dataset.
+    Resumable with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
     """
 
     @property
@@ -367,7 +543,12 @@ class WorkerLoader(DataLoader):
         return self.dataset.dataset
 
     def __iter__(self):
-        for batch in super().__iter__():
+        position = self._begin_epoch()  # see NOTE [loader state]
+        yield from self._counted(self._unpacked(super().__iter__()), position)
+
+    @staticmethod
+    def _unpacked(batches):
+        for batch in batches:
             yield batch.unpack() if isinstance(batch, SlotBatch) else batch
 
     def close(self):

@@ -9,6 +9,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import (
     FORMATS,
     MB,
@@ -22,6 +25,7 @@ from support import (
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
+from fastdata.errors import OptionError
 from fastdata.loading.loader import BatchLoader, worker_pids
 from fastdata.loading.samplers import BatchIndexSampler
 
@@ -555,10 +559,11 @@ def test_batch_sampler_that_is_not_index_batches_is_a_type_error(small, sampler)
         make_loader(small, batch_sampler=sampler)
 
 
-def test_batch_sampler_replaces_shuffle_and_drop_last(small):
-    for option in ("shuffle", "drop_last"):
-        with pytest.raises(ValueError, match="batch_sampler replaces shuffle and drop_last"):
-            make_loader(small, batch_sampler=BATCHES, **{option: True})
+@pytest.mark.parametrize("option", [{"shuffle": True}, {"drop_last": True}, {"remainder": "pad"}, {"rank": 0},
+                                    {"world_size": 1}, {"block_size": 8}, {"window": 4}])
+def test_batch_sampler_replaces_the_order_options(small, option):
+    with pytest.raises(ValueError, match=f"batch_sampler replaces shuffle, drop_last, .*got {next(iter(option))}$"):
+        make_loader(small, batch_sampler=BATCHES, **option)
 
 
 # ---------------------------------------------------------------- BatchIndexSampler
@@ -595,3 +600,156 @@ def test_sampler_batches_of_an_epoch_change_nothing_and_iterating_advances():
 def test_sampler_len(num_samples, batch_size, drop_last, expected):
     sampler = BatchIndexSampler(num_samples, batch_size, shuffle=True, drop_last=drop_last)
     assert len(sampler) == len(list(sampler)) == expected
+
+
+# ---------------------------------------------------------------- ranks: one global order for any world size
+
+sampler_settings = st.fixed_dictionaries({
+    "num_samples": st.integers(0, 700), "batch_size": st.integers(1, 40), "world_size": st.sampled_from([1, 2, 3, 4]),
+    "shuffle": st.sampled_from(["none", "uniform", "block"]), "remainder": st.sampled_from(["pad", "drop", None]),
+    "seed": st.integers(0, 2**31), "block_size": st.integers(1, 16), "window": st.integers(1, 8),
+})
+
+
+def rank_samplers(settings_):
+    settings_ = dict(settings_)
+    world_size = settings_.pop("world_size")
+    return [BatchIndexSampler(**settings_, rank=rank, world_size=world_size) for rank in range(world_size)]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(settings_=sampler_settings, epoch=st.integers(0, 50))
+def test_rank_samplers_read_the_order_of_their_global_batch_in_chunks(settings_, epoch):
+    samplers = rank_samplers(settings_)
+    order = samplers[0].order
+    assert order.global_batch == settings_["batch_size"] * settings_["world_size"]
+    for sampler in samplers:  # the chunked path against one order.batch call per step
+        batches = list(sampler.batches(epoch))
+        assert len(batches) == len(sampler) == order.num_steps
+        expected = [order.batch(epoch, step, sampler.rank, sampler.world_size) for step in range(order.num_steps)]
+        assert all(b.dtype == np.int64 and np.array_equal(b, e) for b, e in zip(batches, expected, strict=True))
+        full = batches if sampler.remainder != "partial" else batches[:-1]  # pad, drop: every batch full
+        assert all(len(b) == sampler.batch_size for b in full)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(settings_=sampler_settings, epoch=st.integers(0, 50))
+def test_the_union_of_the_ranks_is_the_global_batch_of_one_rank(settings_, epoch):
+    samplers = rank_samplers(settings_)
+    alone = BatchIndexSampler(settings_["num_samples"], samplers[0].global_batch, shuffle=settings_["shuffle"],
+                              seed=settings_["seed"], remainder=samplers[0].remainder,
+                              block_size=settings_["block_size"], window=settings_["window"])
+    shares = [list(sampler.batches(epoch)) for sampler in samplers]
+    for step, batch in enumerate(alone.batches(epoch)):
+        assert np.array_equal(np.sort(np.concatenate([share[step] for share in shares])), batch)
+    covered = np.unique(np.concatenate([b for share in shares for b in share] or [np.zeros(0, np.int64)]))
+    if samplers[0].remainder == "pad":  # every sample once, plus the wrapped samples of the padded last batch
+        assert np.array_equal(covered, np.arange(settings_["num_samples"]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(settings_=sampler_settings, epoch=st.integers(0, 50), data=st.data())
+def test_a_sampler_started_at_a_step_yields_the_rest_of_the_epoch(settings_, epoch, data):
+    sampler = rank_samplers(settings_)[-1]
+    whole = list(sampler.batches(epoch))
+    step = data.draw(st.integers(0, len(whole)))
+    sampler.resume(epoch, step)
+    assert [b.tolist() for b in sampler] == [b.tolist() for b in whole[step:]]
+    assert (sampler.epoch, sampler.start_step) == (epoch + 1, 0)
+    assert [b.tolist() for b in sampler] == [b.tolist() for b in sampler.batches(epoch + 1)]
+
+
+def test_set_epoch_keeps_a_resumed_step_of_its_own_epoch_only():
+    sampler = BatchIndexSampler(100, 10, shuffle="uniform")
+    sampler.resume(3, 4)
+    sampler.set_epoch(3)  # a trainer's set_epoch(epoch) after loading a state
+    assert sampler.start_step == 4
+    sampler.set_epoch(5)
+    assert sampler.start_step == 0 and len(list(sampler)) == 10
+
+
+def test_remainder_defaults_partial_for_one_rank_and_pad_for_more():
+    assert BatchIndexSampler(10, 4).remainder == "partial"
+    assert BatchIndexSampler(10, 4, drop_last=True, world_size=2).remainder == "drop"
+    padded = [BatchIndexSampler(10, 4, rank=rank, world_size=2) for rank in range(2)]
+    assert [p.remainder for p in padded] == ["pad", "pad"]
+    assert [[b.tolist() for b in p] for p in padded] == [[[0, 1, 2, 3], [0, 1, 8, 9]], [[4, 5, 6, 7], [2, 3, 4, 5]]]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"rank": 2, "world_size": 2}, r"rank should be an integer in \[0, world_size=2\), got rank=2"),
+    ({"rank": -1, "world_size": 2}, "got rank=-1"),
+    ({"rank": 1.0, "world_size": 2}, "got rank=1.0"),
+    ({"rank": 0, "world_size": 0}, "world_size should be a positive integer"),
+    ({"drop_last": True, "remainder": "pad"}, "drop_last=True asks for remainder='drop', got remainder='pad'"),
+    ({"remainder": "partial", "world_size": 3}, "last batch of 10 samples that 3 ranks cannot share evenly"),
+    ({"shuffle": "sorted"}, "shuffle should be one of"),
+    ({"shuffle": "block"}, "shuffle='block' needs block_size and window"),
+    ({"seed": -1}, "seed should be a non-negative integer"),
+])
+def test_sampler_rejects_bad_rank_and_order_options(kwargs, match):
+    with pytest.raises(OptionError, match=match):
+        BatchIndexSampler(100, 10, **kwargs)
+
+
+class RecordingReadAhead:
+    """Records the sampler's calls, as fastdata.loading.readahead.ReadAhead receives them."""
+
+    def __init__(self):
+        self.calls = []
+
+    def start(self, epoch, step):
+        self.calls.append(("start", epoch, step))
+
+    def advance(self, step):
+        self.calls.append(("advance", step))
+
+
+def test_the_sampler_tells_its_read_ahead_where_each_epoch_starts_and_each_batch():
+    sampler = BatchIndexSampler(100, 10, shuffle="uniform", rank=1, world_size=2)
+    sampler.readahead = RecordingReadAhead()
+    iterator = iter(sampler)
+    assert sampler.readahead.calls == []  # nothing before the first batch is asked for
+    list(iterator)
+    sampler.resume(4, 3)
+    list(sampler)
+    assert sampler.readahead.calls == [("start", 0, 0), *[("advance", s) for s in range(5)],
+                                       ("start", 4, 3), ("advance", 3), ("advance", 4)]
+
+
+# ---------------------------------------------------------------- make_loader's ranks
+
+
+def test_rank_loaders_read_one_global_batch_between_them(small):
+    lookup = index_of_images(small)
+    alone = make_loader(small, 6, shuffle="uniform", seed=4, remainder="pad")
+    loaders = [make_loader(small, 2, shuffle="uniform", seed=4, rank=rank, world_size=3, prefetch_factor=0)
+               for rank in range(3)]
+    assert len(alone) == 4 and [len(loader) for loader in loaders] == [4, 4, 4]
+    for _ in range(2):  # epochs 0 and 1
+        shares = [[batch_indices(lookup, images) for images, _ in loader] for loader in loaders]
+        for step, (images, _) in enumerate(alone):
+            assert sorted(i for share in shares for i in share[step]) == batch_indices(lookup, images)
+
+
+def test_make_loader_pads_for_ranks_and_validates_them(small):
+    assert make_loader(small, 5, rank=1, world_size=2).sampler.remainder == "pad"  # 24 samples, 10 a step
+    assert [len(make_loader(small, 5, rank=1, world_size=2, **kw)) for kw in ({}, {"drop_last": True})] == [3, 2]
+    with pytest.raises(OptionError, match="rank should be an integer"):
+        make_loader(small, 5, rank=2, world_size=2)
+    with pytest.raises(OptionError, match="rank should be an integer"):
+        make_loader(small, 5, rank=1)  # no process group: world_size 1
+    with pytest.raises(OptionError, match="cannot share evenly"):
+        make_loader(small, 2, rank=0, world_size=5, remainder="partial")  # 4 left for 5
+    with pytest.raises(OptionError, match="shuffle should be True, False or one of"):
+        make_loader(small, 5, shuffle="random")
+
+
+def test_make_loader_takes_rank_and_world_size_from_an_initialized_process_group(small, tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        loader = make_loader(small, 4, shuffle=True)
+        assert (loader.sampler.rank, loader.sampler.world_size) == (0, 1)
+        assert make_loader(small, 4, rank=1, world_size=2).sampler.rank == 1  # explicit values win
+    finally:
+        dist.destroy_process_group()
