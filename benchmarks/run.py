@@ -25,6 +25,9 @@ NOTE [zygote] in fresh.py):
 * shards: an ImageNet-like folder (200,000 images) converted to shard folders
   (Pool baseline, 1 vs 2 processes, Dask, peak disk and RSS, --resume after
   a kill), loaded from one, and LitData's optimize on the same input.
+* scale: 64 px raw and 224 px jpeg datasets bigger than the page cache of
+  a memory cgroup (sequential limit, uniform and block shuffles), DDP on
+  CPU (gloo, 1-4 ranks), resume and order at 10^7 and 10^8 samples.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -43,7 +46,7 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     # Import the suite as benchmarks.*, from the repository: none of its modules shadows another.
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards")
+SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
         "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
         "shard_compare": 10_000}

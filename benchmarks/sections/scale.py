@@ -1,0 +1,669 @@
+"""Scale section: data bigger than the page cache, DDP on CPU, resume and the order at 10^7 and 10^8 samples.
+
+Run through benchmarks/run.py (``--only scale``).
+
+1. Bigger than the page cache. An ImageNet-like folder of ``scale_images``
+   (2,999; a prime) distinct photos is converted to a 64 px raw and a 224 px
+   jpeg shard folder, then grown by copies of that shard, relabelled so that
+   the whole dataset is sorted by class (1000 classes of equal size), to
+   ``scale_raw_bytes`` (6 GB) and ``scale_jpeg_bytes`` (3 GB). Every row runs
+   in a fresh process inside a memory cgroup of ``scale_cache_limit``
+   (1.5 GB, its RSS included: see NOTE [bounded page cache] in
+   fastdata/measure/pagecache.py), after the files are evicted: the
+   sequential read of the shard files (the limit), then make_loader with
+   shuffle "uniform" and "block" for ``scale_seconds``. Disk bytes from
+   /proc/diskstats, residency after the row by mincore. The jpeg rows are
+   compared with the same loader over the first shard, cached.
+2. DDP on CPU: gloo process groups of 1-4 ranks (spawned) over the 2,999
+   samples of the 64 px raw folder, global batch 252, remainder "pad", 3
+   epochs, an all_reduce of each step's multiset hash of the global batch;
+   a run that passes its timeout is killed and reported as a hang.
+3. Resume and order at 10^7 and 10^8 samples, on an in-memory stand-in
+   (``IndexDataset``: len and read_batch returning the indices), in fresh
+   processes: time from load_state_dict at 90% of an epoch to the first
+   batch, and memory (tracemalloc peak) and time to the first batch at
+   10^8, against np.random.permutation(10**8) in the same run.
+"""
+
+import hashlib
+import inspect
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+
+from fastdata.measure.tables import markdown_table
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FULL = {"scale_images": 2999, "scale_raw_bytes": 6 << 30, "scale_jpeg_bytes": 3 << 30,
+        "scale_cache_limit": 1536 << 20, "scale_seconds": 15.0, "scale_order_samples": (10**7, 10**8),
+        "scale_world_sizes": ((1, 0), (2, 0), (3, 0), (4, 0), (1, 2), (3, 1)), "scale_epochs": 3}
+QUICK = {"scale_images": 61, "scale_raw_bytes": 16 << 20, "scale_jpeg_bytes": 8 << 20, "scale_cache_limit": 512 << 20,
+         "scale_seconds": 1.0, "scale_order_samples": (10**5, 10**6), "scale_world_sizes": ((1, 0), (2, 0)),
+         "scale_epochs": 2}
+BATCH = 256
+DDP_BATCH = 252  # a global batch every world size of 1-4 divides
+DDP_TIMEOUT = 180  # seconds a whole DDP run may take before it counts as a hang
+RESUME_AT = 0.9
+TARGETS = {"block_vs_limit": 0.8, "block_amplification": 1.1, "uniform_amplification": 1.5,
+           "uniform_img_s": 20_000, "jpeg_vs_cached": 0.9, "class_mix": 0.9, "resume_seconds": 1.0}
+SHUFFLES = ("uniform", "block")
+
+
+def settings(config):
+    """Return the section's sizes: FULL (QUICK with --quick), with any ``scale_*`` key of ``config`` over it."""
+    given = {key: value for key, value in config.items() if key.startswith("scale_")}
+    return {**(QUICK if config.get("quick") else FULL), **given}
+
+
+def run(config, fresh=None):
+    """Run the scale section; return its rows, targets and text."""
+    conf = settings(config)
+    workdir = os.path.join(config["workdir"], "scale")
+    os.makedirs(workdir, exist_ok=True)
+    data = datasets(workdir, conf, config["seed"])
+    results = {"settings": {key: value for key, value in conf.items()}, "data": data}
+    results["cache"] = [cache_rows(data[kind], conf, workdir) for kind in ("raw", "jpeg")]
+    results["ddp"] = ddp_rows(data["raw"]["base"], conf, workdir)
+    results["order"] = order_rows(conf)
+    results["targets"] = summarize(results)
+    results["text"] = text(results)
+    return results
+
+
+# ---------------------------------------------------------------- the data
+
+
+def datasets(workdir, conf, seed):
+    """Return, for "raw" (64 px) and "jpeg" (224 px), the base shard folder and the grown one, made unless cached."""
+    from benchmarks.sections.shards import source
+
+    src = source(workdir, conf["scale_images"], seed)
+    data = {}
+    for kind, size, target in (("raw", 64, conf["scale_raw_bytes"]), ("jpeg", 224, conf["scale_jpeg_bytes"])):
+        base = convert_base(src, workdir, size, kind)
+        data[kind] = {"size": size, "storage": kind, "base": base, **grow(base, workdir, target)}
+    return data
+
+
+def convert_base(src, workdir, size, storage):
+    """Convert the source to a shard folder of one shard at ``size``/``storage`` unless cached; return its path."""
+    from benchmarks.inputs import _cached
+    from fastdata import convert_imagefolder
+
+    out = os.path.join(workdir, f"base-{size}-{storage}-{src['num_images']}")
+    params = {"source": src["root"], "num_images": src["num_images"], "size": size, "storage": storage}
+    folder = os.path.join(out, "data")
+
+    def make():
+        os.makedirs(out)
+        convert_imagefolder(src["root"], folder, size=size, storage=storage, shard_size=1 << 40, workers=2,
+                            overwrite=True, progress=False)
+
+    _cached(out, params, make)
+    return folder
+
+
+def grow(base, workdir, target_bytes):
+    """Write copies of ``base``'s one shard, relabelled class-sorted, to a folder of ``target_bytes``; return facts.
+
+    See NOTE [grown copies].
+    """
+    from benchmarks.inputs import _cached
+    from fastdata.formats.shards import read_index
+
+    index = read_index(base)
+    copies = max(1, -(-target_bytes // int(index.sizes[0])))
+    out = os.path.join(workdir, f"grown-{os.path.basename(os.path.dirname(base))}-{copies}")
+    params = {"base": base, "base_crc32": index.checksums[0], "copies": copies}
+    folder = os.path.join(out, "data")
+    seconds = _cached(out, params, lambda: write_copies(index, folder, copies))
+    grown = read_index(folder)
+    return {"path": folder, "copies": copies, "num_samples": grown.num_samples, "bytes": int(grown.sizes.sum()),
+            "sample_bytes": int(grown.sizes.sum()) / grown.num_samples, "grow_seconds": seconds,
+            "paths": [grown.path(shard) for shard in range(grown.num_shards)]}
+
+
+# NOTE [grown copies]: converting 500,000 images to a 6 GB dataset takes
+# 10 minutes here; copying one converted shard takes seconds. Each copy is
+# the same bytes but its labels: the whole dataset is relabelled so that
+# label = sample * classes // N (sorted by class, the worst case for a block
+# shuffle's class mix), rewritten in place in the HDF5 labels array (a
+# contiguous int64 column at a known offset) with its chunk checksums, and
+# the index gets each copy's crc32 and the class counts: "fastdata verify"
+# passes on it. The pixels repeat every 2,999 samples; no row
+# here depends on them.
+
+
+def write_copies(index, folder, copies):
+    """Write ``copies`` relabelled copies of ``index``'s only shard and their index into ``folder``."""
+    import h5py
+
+    from fastdata.formats.layout import chunk_checksums
+    from fastdata.formats.shards import shard_name, write_index
+
+    with h5py.File(index.path(0), "r") as f:
+        offset, count = f["labels"].id.get_offset(), len(f["labels"])
+        sums_at, num_sums = f["checksums/labels"].id.get_offset(), len(f["checksums/labels"])
+        chunk_bytes = json.loads(f.attrs["fastdata"])["checksums"]["chunk_bytes"]
+    with open(index.path(0), "rb") as f:
+        data = bytearray(f.read())
+    total, classes = count * copies, len(index.metadata["classes"])
+    labels = np.frombuffer(data, dtype=np.int64, count=count, offset=offset)  # views: writes go into ``data``
+    sums = np.frombuffer(data, dtype=np.uint32, count=num_sums, offset=sums_at)
+    os.makedirs(folder)  # and its parent, which _cached removed
+    shards = []
+    for copy in range(copies):
+        labels[:] = np.arange(copy * count, (copy + 1) * count, dtype=np.int64) * classes // total
+        sums[:] = chunk_checksums(labels, chunk_bytes)
+        name = shard_name(copy, "hdf5")
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+        shards.append({"name": name, "num_samples": count, "bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"})
+    counts = np.bincount(np.arange(total, dtype=np.int64) * classes // total, minlength=classes)
+    metadata = {**index.metadata, "num_samples": total, "class_counts": counts.tolist()}
+    write_index(folder, "hdf5", metadata, {**index.settings, "grown_copies": copies}, shards)
+
+
+# ---------------------------------------------------------------- bigger than the page cache
+
+
+def cache_rows(data, conf, workdir):
+    """Measure the sequential limit, then uniform and block shuffles, of a grown dataset in a bounded cgroup."""
+    from fastdata.measure.pagecache import cgroup_problem
+
+    problem = cgroup_problem()
+    facts = {key: data[key] for key in ("size", "storage", "num_samples", "bytes", "sample_bytes", "copies")}
+    if problem:
+        return {**facts, "skipped": f"not measured: {problem}"}
+    seconds = conf["scale_seconds"]
+    rows = [bounded({"what": "limit", "paths": data["paths"], "max_seconds": seconds,
+                     "sample_bytes": data["sample_bytes"]}, conf, workdir)]
+    for shuffle in SHUFFLES:
+        rows.append(bounded({"what": "loader", "path": data["path"], "paths": data["paths"], "shuffle": shuffle,
+                             "max_seconds": seconds, "sample_bytes": data["sample_bytes"]}, conf, workdir))
+    cached = []
+    if data["storage"] == "jpeg":  # the same loader over the first shard, in the page cache
+        base = {"what": "loader", "path": data["base"], "paths": [], "max_seconds": seconds / 2, "warm": True}
+        cached = [measured({**base, "shuffle": shuffle, "sample_bytes": data["sample_bytes"]}) for shuffle in SHUFFLES]
+    return {**facts, "limit_bytes": conf["scale_cache_limit"], "rows": rows, "cached": cached}
+
+
+def bounded(args, conf, workdir):
+    """Run one measurement in a fresh process inside a memory cgroup of the section's limit; return its row."""
+    from fastdata.measure.pagecache import MemoryCgroup
+
+    with MemoryCgroup(conf["scale_cache_limit"], name=f"fastdata-scale-{os.getpid()}") as group:
+        row = measured(args, group)
+        row["cgroup"] = {key: group.stat()[key] for key in ("max_usage", "limit", "failcnt", "cache", "rss")}
+    return row
+
+
+def measured(args, group=None):
+    """Run ``measure_main`` on ``args`` in a fresh process (in ``group`` if given); return its JSON reply."""
+    argv = [sys.executable, "-c", "from benchmarks.sections.scale import measure_main; measure_main()",
+            json.dumps(args)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    label = f"{args['what']} {args.get('shuffle', '')} {os.path.basename(os.path.dirname(args.get('path', '') or ''))}"
+    print(f"  {label.strip()} ...", end="", flush=True)
+    if group is not None:
+        done = group.run(argv, timeout=600, cwd=REPO, env=env)
+    else:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    args = {key: value for key, value in args.items() if key != "paths"}
+    if done.returncode != 0:
+        print(" failed", flush=True)
+        return {**args, "skipped": f"failed ({done.returncode}): {done.stderr.strip()[-1500:]}"}
+    row = {**args, **json.loads(done.stdout.strip().splitlines()[-1])}
+    figures = {"samples_per_s": "{:,.0f} img/s", "amplification": "amplification {:.2f}",
+               "first_batch_seconds": "first batch {:.3f} s", "resume_seconds": "resume {:.3f} s"}
+    print(" " + ", ".join(form.format(row[key]) for key, form in figures.items() if key in row), flush=True)
+    return row
+
+
+def measure_main():
+    """Entry of the measuring processes: ``python -c ... JSON``; prints one JSON line."""
+    args = json.loads(sys.argv[1])
+    run_one = {"limit": measure_limit, "loader": measure_loader, "order": measure_order,
+               "permutation": measure_permutation, "ddp": ddp_driver}[args["what"]]
+    print(json.dumps(run_one(args)))
+
+
+def _cold(paths):
+    """Evict ``paths`` from the page cache; return how (benchmarks.machine.drop_from_page_cache)."""
+    from benchmarks.machine import drop_from_page_cache
+
+    return drop_from_page_cache(paths) if paths else None
+
+
+def _residency(paths):
+    from benchmarks.machine import page_residency
+
+    return float(np.mean([page_residency(path) for path in paths])) if paths else None
+
+
+def measure_limit(args):
+    """Read the evicted shard files in order for ``seconds``: the disk's rate for these files."""
+    from fastdata.measure.pagecache import ReadCounter, sequential_read
+
+    drop = _cold(args["paths"])
+    counter = ReadCounter(args["paths"][0]).start()
+    done, seconds = sequential_read(args["paths"], max_seconds=args["max_seconds"])
+    disk, process = counter.stop()
+    return {"drop": drop, "bytes_read": done, "seconds": seconds, "mb_per_s": done / seconds / 1e6,
+            "samples_per_s": done / args["sample_bytes"] / seconds, "disk_bytes": disk, "process_bytes": process,
+            "amplification": process / done, "device_amplification": disk / done,
+            "resident_after": _residency(args["paths"])}
+
+
+def measure_loader(args):
+    """Read shuffled batches of the dataset for ``seconds`` after evicting its files; return rate, I/O and class mix."""
+    from fastdata import make_loader, open_dataset
+    from fastdata.measure.engine import close_loader
+    from fastdata.measure.pagecache import ReadCounter, sequential_read
+
+    dataset = open_dataset(args["path"])
+    drop = _cold(args["paths"])
+    if args.get("warm"):
+        sequential_read(dataset.shard_paths)
+    counter = ReadCounter(dataset.shard_paths[0]).start()
+    started = time.perf_counter()
+    loader = make_loader(dataset, BATCH, **shuffle_options(args["shuffle"], dataset))
+    count, mixes, first = 0, [], None
+    while time.perf_counter() - started < args["max_seconds"]:  # epochs, as many as fit
+        for batch in loader:
+            labels = batch[-1].numpy()
+            count += len(labels)
+            mixes.append(len(np.unique(labels)))
+            first = first or time.perf_counter() - started
+            if time.perf_counter() - started >= args["max_seconds"]:
+                break
+    seconds = time.perf_counter() - started
+    disk, process = counter.stop()
+    close_loader(loader)
+    sample_bytes = count * args["sample_bytes"]
+    order = loader.sampler.describe() if hasattr(loader.sampler, "describe") else None
+    return {"drop": drop, "samples": count, "seconds": seconds, "samples_per_s": count / seconds,
+            "first_batch_seconds": first, "disk_bytes": disk, "process_bytes": process,
+            "amplification": process / sample_bytes, "device_amplification": disk / sample_bytes,
+            "classes_per_batch": float(np.mean(mixes)), "order": order, "resident_after": _residency(args["paths"])}
+
+
+def new_api():
+    """Return whether make_loader takes the order modes (shuffle "uniform"/"block", rank, state)."""
+    from fastdata import make_loader
+
+    return "rank" in inspect.signature(make_loader).parameters
+
+
+def shuffle_options(shuffle, dataset):
+    """Return make_loader's options for ``shuffle``; before the order modes, "uniform" is shuffle=True.
+
+    A block shuffle gets readahead.block_settings(dataset) (make_loader's default) given explicitly.
+    """
+    if new_api():
+        if shuffle != "block":
+            return {"shuffle": shuffle, "seed": 0}
+        from fastdata.loading.readahead import block_settings
+
+        block_size, window = block_settings(dataset)
+        return {"shuffle": shuffle, "seed": 0, "block_size": block_size, "window": window}
+    if shuffle != "uniform":
+        raise RuntimeError(f"make_loader has no shuffle={shuffle!r} yet")
+    return {"shuffle": True, "seed": 0}
+
+
+# ---------------------------------------------------------------- DDP on CPU
+
+
+def ddp_rows(path, conf, workdir):
+    """Run a gloo group per (world size, num_workers) over ``path``; return rows with their global-batch hashes."""
+    rows = []
+    for world_size, workers in conf["scale_world_sizes"]:
+        out = os.path.join(workdir, f"ddp-{world_size}-{workers}.json")
+        args = {"what": "ddp", "path": path, "world_size": world_size, "num_workers": workers,
+                "epochs": conf["scale_epochs"], "out": out}
+        rows.append(ddp_run(args))
+    reference = next((row["hashes"] for row in rows if "hashes" in row), None)
+    for row in rows:
+        row["same_as_first"] = row.get("hashes") == reference
+    return rows
+
+
+def ddp_run(args):
+    """Run one DDP group in its own session; kill it at DDP_TIMEOUT (a hang); return its row."""
+    argv = [sys.executable, "-c", "from benchmarks.sections.scale import measure_main; measure_main()",
+            json.dumps(args)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+    print(f"  DDP {args['world_size']} ranks, {args['num_workers']} workers ...", end="", flush=True)
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=DDP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the driver, its ranks and their workers
+        process.communicate()
+        print(" HANG", flush=True)
+        return {**args, "hang": True, "seconds": time.perf_counter() - started, "group": process.pid}
+    if process.returncode != 0:
+        print(" failed", flush=True)
+        return {**args, "hang": False, "skipped": f"failed ({process.returncode}): {stderr.strip()[-1500:]}"}
+    row = {**args, "hang": False, "seconds": time.perf_counter() - started, **json.loads(stdout.splitlines()[-1])}
+    print(f" {row['steps_per_epoch']} steps/epoch, {row['rank_samples_per_s']:,.0f} samples/s per rank", flush=True)
+    return row
+
+
+def ddp_driver(args):
+    """Spawn ``world_size`` ranks on a free port; return rank 0's summary."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.start_processes(ddp_rank, args=(args, port), nprocs=args["world_size"], join=True, start_method="spawn")
+    with open(args["out"]) as f:
+        return json.load(f)
+
+
+def ddp_rank(rank, args, port):
+    """One rank: ``epochs`` epochs of make_loader(shuffle="uniform", remainder="pad"), an all_reduce per step."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from fastdata import make_loader, open_dataset
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    world_size = args["world_size"]
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    loader = make_loader(open_dataset(args["path"]), DDP_BATCH // world_size, shuffle="uniform", seed=0,
+                         remainder="pad", num_workers=args["num_workers"])
+    steps, samples, ends = [], [0], [time.perf_counter()]
+    for _ in range(args["epochs"]):
+        for images, labels in loader:
+            digest = torch.from_numpy(batch_digest(images.numpy(), labels.numpy()))
+            dist.all_reduce(digest)  # the global batch's multiset hash; a rank short of steps would hang here
+            steps.append(digest.tolist())
+            samples[-1] += len(labels)
+        samples.append(0)
+        ends.append(time.perf_counter())
+    ranks = [None] * world_size
+    later = slice(1 if args["epochs"] > 1 else 0, None)  # the first epoch starts the workers
+    dist.all_gather_object(ranks, {"steps": len(steps), "samples": sum(samples[later]),
+                                   "seconds": ends[-1] - ends[later.start]})
+    if rank == 0:
+        summary = {"hashes": hashlib.sha256(json.dumps(steps).encode()).hexdigest()[:16],
+                   "steps_per_epoch": len(steps) // args["epochs"], "ranks": ranks,
+                   "rank_samples_per_s": float(np.mean([r["samples"] / r["seconds"] for r in ranks])),
+                   "num_samples": len(loader.dataset) if hasattr(loader, "dataset") else None}
+        with open(args["out"], "w") as f:
+            json.dump(summary, f)
+    dist.destroy_process_group()
+
+
+_HASH_BITS = 40  # per-sample hashes summed over a global batch: < 2^52, no int64 overflow
+
+
+def batch_digest(images, labels):
+    """Return int64 ``[4]``: count and three 40-bit sums of per-sample hashes (image bytes and label).
+
+    Sums do not depend on how the batch was split over ranks, so the
+    all_reduced digest is the global batch's, as a multiset.
+    """
+    rows = images.reshape(len(images), int(np.prod(images.shape[1:])))  # an empty part too
+    hashes = np.array([np.frombuffer(hashlib.blake2b(row.tobytes() + int(label).to_bytes(8, "little"),
+                                                     digest_size=15).digest().ljust(16, b"\0"), dtype=np.uint64)
+                       for row, label in zip(rows, labels)], dtype=np.uint64).reshape(-1, 2)
+    mask = np.uint64((1 << _HASH_BITS) - 1)
+    parts = [hashes[:, 0] & mask, hashes[:, 0] >> np.uint64(24), hashes[:, 1] & mask]
+    return np.array([len(rows), *(int(part.sum()) for part in parts)], dtype=np.int64)
+
+
+# ---------------------------------------------------------------- resume and order at scale
+
+
+class IndexDataset:
+    """An in-memory stand-in of ``num_samples`` samples: read_batch returns the indices (and zero labels)."""
+
+    def __init__(self, num_samples):
+        self.num_samples = num_samples
+        self.fingerprint = f"index-{num_samples}"
+
+    def __len__(self):
+        return self.num_samples
+
+    def read_batch(self, indices, pin_memory=False):
+        import torch
+
+        indices = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+        return indices, torch.zeros_like(indices)
+
+
+BLOCK = {"block_size": 256, "window": 64}  # the stand-in's block shuffle: blocks of 256 samples, windows of 64
+
+
+def order_rows(conf):
+    """Measure resume and first batch at each of ``scale_order_samples``, and np.random.permutation at the largest."""
+    rows = []
+    for num_samples in conf["scale_order_samples"]:
+        for shuffle in SHUFFLES:
+            rows.append(measured({"what": "order", "num_samples": num_samples, "shuffle": shuffle}))
+    rows.append(measured({"what": "permutation", "num_samples": max(conf["scale_order_samples"])}))
+    return rows
+
+
+def measure_order(args):
+    """Time a loader's first batch (memory peak by tracemalloc) and a resume at 90% of the epoch; check the batch."""
+    import tracemalloc
+
+    from fastdata import make_loader
+    from fastdata.loading.order import EpochOrder
+
+    dataset, shuffle = IndexDataset(args["num_samples"]), args["shuffle"]
+    options = {"shuffle": shuffle, "seed": 0, **(BLOCK if shuffle == "block" else {})}
+    tracemalloc.start()
+    started = time.perf_counter()
+    loader = make_loader(dataset, BATCH, **options)
+    next(iter(loader))
+    first = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    state = loader.state_dict()
+    step = int(len(loader) * RESUME_AT)
+    state.update(epoch=0, samples_consumed=step * BATCH)
+    resumed = make_loader(dataset, BATCH, **options)
+    started = time.perf_counter()
+    resumed.load_state_dict(state)
+    batch = next(iter(resumed))[0].numpy()
+    resume = time.perf_counter() - started
+    expected = EpochOrder(len(dataset), BATCH, shuffle=shuffle, seed=0, remainder="partial",
+                          **(BLOCK if shuffle == "block" else {})).batch(0, step)
+    return {"first_batch_seconds": first, "peak_bytes": peak, "resume_seconds": resume, "resume_step": step,
+            "steps": len(loader), "state_bytes": len(json.dumps(state)),
+            "resumed_batch_right": bool(np.array_equal(np.sort(batch), expected))}
+
+
+def measure_permutation(args):
+    """Time np.random.default_rng(0).permutation(N) and its first sorted batch; tracemalloc peak."""
+    import tracemalloc
+
+    tracemalloc.start()
+    started = time.perf_counter()
+    order = np.random.default_rng(0).permutation(args["num_samples"])
+    np.sort(order[:BATCH])
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    return {"first_batch_seconds": seconds, "peak_bytes": peak}
+
+
+# ---------------------------------------------------------------- report
+
+
+def summarize(results):
+    """Return the section's targets (the issue's bars), each from figures of this run."""
+    targets = []
+    for data in results["cache"]:
+        rows = {row.get("shuffle", row["what"]): row for row in data.get("rows", []) if "skipped" not in row}
+        name = f"scale {data['size']}px {data['storage']}, {data['bytes'] / 1e9:.1f} GB in a " \
+               f"{data.get('limit_bytes', 0) / 1e9:.1f} GB cgroup"
+        if data["storage"] == "raw":
+            targets += raw_targets(name, rows)
+        cached = {row["shuffle"]: row for row in data.get("cached", []) if "skipped" not in row}
+        for shuffle in SHUFFLES:
+            if shuffle in rows and shuffle in cached:
+                disk, warm = rows[shuffle]["samples_per_s"], cached[shuffle]["samples_per_s"]
+                targets.append(_target(f"{name}: {shuffle} from disk vs the same loader cached (decode-bound)",
+                                       disk / warm, TARGETS["jpeg_vs_cached"], f"{disk:,.0f} vs {warm:,.0f} img/s"))
+    ddp = [row for row in results["ddp"] if "hashes" in row or row.get("hang")]
+    if ddp:
+        same = sum(bool(row["same_as_first"]) for row in ddp)
+        targets.append(_target("scale DDP: runs whose per-step global batches equal the first run's", same / len(ddp),
+                               1.0, f"{same} of {len(ddp)} (world size, workers): "
+                               + ", ".join(f"{r['world_size']}x{r['num_workers']}" for r in ddp)))
+        hangs = sum(bool(row["hang"]) for row in ddp)
+        targets.append(_target("scale DDP: runs that hung (killed at the timeout)", hangs, 0,
+                               f"{hangs} of {len(ddp)}", at_least=False))
+    for row in results["order"]:
+        if row["what"] == "order" and "resume_seconds" in row and row["num_samples"] < 10**8:
+            targets.append(_target(f"scale resume at {RESUME_AT:.0%} of an epoch of {row['num_samples']:,} samples "
+                                   f"({row['shuffle']}): seconds to the first batch", row["resume_seconds"],
+                                   TARGETS["resume_seconds"], "in-memory stand-in; batch equal to the order's: "
+                                   + ("yes" if row["resumed_batch_right"] else "NO"), at_least=False))
+    return targets
+
+
+def raw_targets(name, rows):
+    """Return the 64 px raw targets: block vs the sequential limit, amplification, uniform rate, class mix."""
+    targets = []
+    limit = rows.get("limit")
+    block, uniform = rows.get("block"), rows.get("uniform")
+    if block and limit:
+        targets.append(_target(f"{name}: block shuffle vs the sequential-read limit",
+                               block["samples_per_s"] / limit["samples_per_s"], TARGETS["block_vs_limit"],
+                               f"{block['samples_per_s']:,.0f} vs {limit['samples_per_s']:,.0f} img/s"))
+    for row, key in ((block, "block_amplification"), (uniform, "uniform_amplification")):
+        if row:
+            targets.append(_target(f"{name}: {row['shuffle']} shuffle read amplification (disk bytes / sample bytes)",
+                                   row["amplification"], TARGETS[key],
+                                   f"{row['process_bytes'] / 1e9:.2f} GB read for {row['samples']:,} samples "
+                                   f"(whole device: {row['device_amplification']:.2f})",
+                                   at_least=False))
+    if uniform:
+        targets.append(_target(f"{name}: uniform shuffle img/s (the issue's bar: the disk's random-read rate)",
+                               uniform["samples_per_s"], TARGETS["uniform_img_s"],
+                               f"{uniform['samples_per_s']:,.0f} img/s; an absolute bar, not a ratio"))
+    if block and uniform:
+        targets.append(_target(f"{name}: block shuffle classes per batch vs uniform (class-sorted dataset)",
+                               block["classes_per_batch"] / uniform["classes_per_batch"], TARGETS["class_mix"],
+                               f"{block['classes_per_batch']:.1f} vs {uniform['classes_per_batch']:.1f} "
+                               f"distinct classes in batches of {BATCH}"))
+    return targets
+
+
+def _target(name, value, threshold, info, at_least=True):
+    return {"name": name, "value": value, "threshold": threshold, "at_least": at_least, "info": info}
+
+
+def text(results):
+    """Return the section's Markdown."""
+    conf = results["settings"]
+    parts = ["## Scale: data bigger than the page cache, DDP on CPU, resume and order at 10^7-10^8 samples", ""]
+    for data in results["cache"]:
+        parts += [cache_title(data), "", cache_table(data), ""]
+    parts += [CACHE_NOTE.format(limit=conf["scale_cache_limit"] / 1e9, images=conf["scale_images"],
+                                seconds=conf["scale_seconds"]), ""]
+    parts += [ddp_table(results["ddp"]), "", DDP_NOTE.format(batch=DDP_BATCH, epochs=conf["scale_epochs"],
+                                                              timeout=DDP_TIMEOUT), ""]
+    parts += [order_table(results["order"]), "", ORDER_NOTE.format(at=RESUME_AT, **BLOCK)]
+    return "\n".join(parts)
+
+
+CACHE_NOTE = (
+    "Bigger than the page cache: each row runs in a fresh process inside a cgroup v1 memory group of "
+    "{limit:.2f} GB (memory.limit_in_bytes; the page cache it faults in is charged to it, its RSS too: see NOTE "
+    "[bounded page cache] in fastdata/measure/pagecache.py), the shard files evicted first (posix_fadvise "
+    "DONTNEED, checked by mincore). The datasets are {images:,} distinct ImageNet-like photos converted once, "
+    "then copies of that shard relabelled so that the dataset is sorted by class (NOTE [grown copies] in "
+    "benchmarks/sections/scale.py). Each row reads for {seconds:g} s. limit: the shard files read in order, "
+    "4 MiB per read (img/s = bytes/s over the bytes per sample). Amplification: bytes the process had "
+    "read from storage (/proc/self/io read_bytes; the loaders read in the process: num_workers=0, "
+    "make_loader's default) over the bytes of the samples delivered (file bytes per sample); in brackets "
+    "the same from /proc/diskstats, the whole device, other processes' reads included. "
+    "Resident after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
+    "memory.max_usage_in_bytes. The 224 px jpeg rows are compared with the same loader over the first shard "
+    "only, cached.")
+DDP_NOTE = (
+    "DDP: torch.multiprocessing spawn, gloo on 127.0.0.1, global batch {batch} (batch_size {batch} / world "
+    "size), shuffle='uniform', remainder='pad', {epochs} epochs over the 64 px raw base dataset (a prime "
+    "number of samples); each step all_reduces a multiset hash of the global batch (per sample: blake2b of "
+    "the pixels and the label), so a rank short of a step would hang: a run is killed at {timeout} s. "
+    "samples/s per rank: end to end, with the hashing and the all_reduce, on 2 shared cores.")
+ORDER_NOTE = (
+    "Resume and order: make_loader over an in-memory stand-in (len and read_batch returning the indices), "
+    "each row in a fresh process. first batch: make_loader and its first batch, with the tracemalloc peak of "
+    "that (the order's memory); resume: load_state_dict of a state at {at:.0%} of epoch 0 on a new loader, "
+    "then its first batch, checked against EpochOrder.batch. Block rows: block_size {block_size}, window "
+    "{window}. np.random.permutation: what a per-epoch permutation costs at the largest N.")
+
+
+def cache_title(data):
+    if "skipped" in data:
+        return f"{data['size']} px {data['storage']}: {data['skipped']}"
+    return (f"{data['size']} px {data['storage']}: {data['num_samples']:,} samples, {data['bytes'] / 1e9:.2f} GB "
+            f"({data['copies']} copies of one shard), read inside a {data['limit_bytes'] / 1e9:.2f} GB memory cgroup")
+
+
+def cache_table(data):
+    body = []
+    for row in [*data.get("rows", []), *data.get("cached", [])]:
+        what = row.get("shuffle", "sequential read (limit)") + (", cached first shard" if row.get("warm") else "")
+        if "skipped" in row:
+            body.append((what, row["skipped"][:200], *["-"] * 6))
+            continue
+        cgroup = row.get("cgroup")
+        body.append((what, f"{row['samples_per_s']:,.0f}", f"{row['samples_per_s'] * data['sample_bytes'] / 1e6:,.0f}",
+                     f"{row['amplification']:.2f} ({row['device_amplification']:.2f})" if not row.get("warm") else "-",
+                     f"{row['classes_per_batch']:.1f}" if "classes_per_batch" in row else "-",
+                     f"{row['resident_after']:.2f}" if row.get("resident_after") is not None else "-",
+                     f"{cgroup['max_usage'] / 1e9:.2f}" if cgroup else "-",
+                     json.dumps(row["order"], separators=(",", ":")) if row.get("order") else "-"))
+    headers = ["read", "img/s", "MB/s", "amplification (device)", "classes / batch", "resident after", "cgroup peak GB",
+               "order"]
+    return markdown_table(headers, body, "lrrrrrrl")
+
+
+def ddp_table(rows):
+    body = []
+    for row in rows:
+        if "skipped" in row or row.get("hang"):
+            body.append((row["world_size"], row["num_workers"], "HANG" if row.get("hang") else row["skipped"][:200],
+                         "-", "-", "-"))
+            continue
+        body.append((row["world_size"], row["num_workers"], row["hashes"], "yes" if row["same_as_first"] else "NO",
+                     row["steps_per_epoch"], f"{row['rank_samples_per_s']:,.0f}"))
+    headers = ["ranks", "workers per rank", "hash of all global batches", "same as first", "steps / epoch",
+               "samples/s per rank"]
+    return markdown_table(headers, body, "rrllrr")
+
+
+def order_table(rows):
+    body = []
+    for row in rows:
+        what = "np.random.permutation" if row["what"] == "permutation" else f"make_loader shuffle={row['shuffle']!r}"
+        if "skipped" in row:
+            body.append((what, f"{row['num_samples']:,}", row["skipped"][:200], "-", "-", "-"))
+            continue
+        resume = (f"{row['resume_seconds']:.3f} ({'right' if row['resumed_batch_right'] else 'WRONG'} batch)"
+                  if "resume_seconds" in row else "-")
+        body.append((what, f"{row['num_samples']:,}", f"{row['first_batch_seconds']:.3f}",
+                     f"{row['peak_bytes'] / 1e6:,.1f}", resume, row.get("state_bytes", "-")))
+    headers = ["order", "samples", "first batch s", "peak MB (tracemalloc)", "resume at 90% s", "state bytes"]
+    return markdown_table(headers, body, "lrrrrr")
