@@ -330,3 +330,28 @@ def sharded_reference(source_root, sharded_options, tmp_path_factory):
         return cache[container, storage]
 
     return get
+
+
+# ---------------------------------------------------------------- one sample per class
+
+
+@pytest.fixture(scope="session")
+def labeled_files(tmp_path_factory):
+    """Return ``get(num_samples, sharded=False) -> path``: tiny images, one per class, as raw .h5; read-only.
+
+    Every sample has its own label, so a batch's labels say which samples it
+    holds. ``sharded``: the same file cut into a shard folder of SHARD_COUNTS.
+    """
+    folder = tmp_path_factory.mktemp("labeled")
+    cache = {}
+
+    def get(num_samples, sharded=False):
+        if num_samples not in cache:
+            root = make_imagefolder(folder / f"src{num_samples}", num_samples, 1, size=(8, 8))
+            cache[num_samples] = folder / f"labeled{num_samples}.h5"
+            convert_imagefolder(root, cache[num_samples], size=8, storage="raw", workers=1, progress=False)
+        if sharded and (num_samples, "shards") not in cache:
+            cache[num_samples, "shards"] = _split_into_shards(cache[num_samples], folder / f"labeled{num_samples}")
+        return cache[num_samples, "shards"] if sharded else cache[num_samples]
+
+    return get

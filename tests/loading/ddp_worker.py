@@ -1,0 +1,84 @@
+"""One rank of a gloo process group, started by test_ddp.py: ``python ddp_worker.py SPEC RANK``.
+
+SPEC is a JSON file: ``path`` (a packed file or shard folder), ``world_size``,
+``timeout`` (seconds, the process group's), ``out`` (a folder) and ``runs``,
+each a dict of ``batch_size``, ``options`` (make_loader keywords), ``epochs``
+and optionally ``bucket`` (BucketBatchSampler keywords with ``lengths``: a
+bucketed loader of this rank), ``state`` (loaded before the first epoch),
+``stop`` (``[epoch, steps]``: take the state after that many batches of that
+epoch, then end the run), ``sleep`` (seconds per step) and ``announce`` (the
+rank that prints each step). Rank and world size come from the process
+group. Every step does an ``all_reduce`` of the batch's size, so ranks that
+disagree on the number of steps hang until the group's timeout. Writes
+``out/rank<RANK>.json``: per run its ``len``, its state at the end (or at
+``stop``), and per epoch per step the labels this rank got and the global
+batch size the reduce summed.
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from fastdata import make_loader, open_dataset
+from fastdata.loading.samplers import BucketBatchSampler
+
+
+def make_rank_loader(dataset, spec):
+    """Return the loader ``spec`` asks for: make_loader's own sampler, or a BucketBatchSampler of this rank."""
+    if spec.get("bucket") is None:
+        return make_loader(dataset, spec["batch_size"], **spec["options"])
+    keywords = {key: value for key, value in spec["bucket"].items() if key != "lengths"}
+    sampler = BucketBatchSampler(np.asarray(spec["bucket"]["lengths"]), spec["batch_size"], rank=dist.get_rank(),
+                                 world_size=dist.get_world_size(), **keywords)
+    return make_loader(dataset, batch_sampler=sampler, **spec["options"])
+
+
+def run(dataset, spec):
+    """Iterate one loader as ``spec`` says; return what the parent checks."""
+    loader = make_rank_loader(dataset, spec)
+    if spec.get("state") is not None:
+        loader.load_state_dict(spec["state"])
+    epochs, stop, state = [], spec.get("stop"), None
+    for epoch in range(spec["epochs"]):
+        steps = []
+        for batch in loader:
+            labels = batch[-1]
+            size = torch.tensor([len(labels)])
+            dist.all_reduce(size)
+            steps.append({"labels": labels.tolist(), "global": int(size)})
+            if spec.get("announce") == dist.get_rank():
+                print(f"step {len(steps)}", flush=True)
+            time.sleep(spec.get("sleep", 0))
+            if stop == [epoch, len(steps)]:
+                state = loader.state_dict()
+                break
+        epochs.append(steps)
+        if state is not None:
+            break
+    result = {"len": len(loader), "epochs": epochs, "state": state or loader.state_dict()}
+    if hasattr(loader, "close"):
+        loader.close()
+    return result
+
+
+def main(spec_path, rank):
+    with open(spec_path) as f:
+        spec = json.load(f)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=spec["world_size"],
+                            timeout=datetime.timedelta(seconds=spec["timeout"]))
+    dataset = open_dataset(spec["path"])
+    results = [run(dataset, one) for one in spec["runs"]]
+    with open(os.path.join(spec["out"], f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

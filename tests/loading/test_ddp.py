@@ -1,0 +1,421 @@
+"""DDP: one global order for any world size and worker count, resume on another topology, a dead rank.
+
+The multi-process tests start real gloo process groups (ddp_worker.py, one
+process per rank, as torchrun would); the property test runs every rank's
+loader in this process with explicit ``rank``/``world_size``. The files hold
+one image per class, so a batch's labels say which samples it holds.
+"""
+
+import contextlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fastdata import make_loader, open_dataset
+from fastdata.errors import OptionError
+from fastdata.loading.samplers import BucketBatchSampler
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_worker.py")
+PRIME = 101  # samples: no global batch divides it, so every epoch ends in a remainder
+GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
+GROUP_TIMEOUT = 60  # seconds a collective waits for the other ranks before gloo raises
+SPAWN_SECONDS = 300  # a group still running after this has hung: the test fails and kills it
+DEAD_RANK_TIMEOUT = 10  # the process group's timeout in the dead-rank test
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def sample_lookup(path):
+    """Return int64 ``[num_classes]``: the index of the sample with each label (one sample per class)."""
+    labels = open_dataset(path).labels
+    lookup = np.full(len(labels), -1, dtype=np.int64)
+    lookup[labels] = np.arange(len(labels))
+    assert (lookup >= 0).all(), "test data should hold one sample per label"
+    return lookup
+
+
+def order_options(state):
+    """Return the make_loader keywords that give the order a loader's ``state`` describes."""
+    options = {"shuffle": state["shuffle"], "seed": state["seed"], "remainder": state["remainder"]}
+    if state["shuffle"] == "block":
+        options.update(block_size=state["block_size"], window=state["window"])
+    return options
+
+
+def read_epochs(loader, epochs, lookup):
+    """Iterate ``loader`` for ``epochs``; return per epoch per step the sorted sample indices it yielded."""
+    return [[np.sort(lookup[batch[-1].numpy()]).tolist() for batch in loader] for _ in range(epochs)]
+
+
+def close(loader):
+    if hasattr(loader, "close"):
+        loader.close()  # stop persistent workers now, not at some later garbage collection
+
+
+def reference_epochs(path, state, epochs, bucket=None):
+    """Return the global batches of an uninterrupted one-rank run of the order ``state`` describes.
+
+    ``bucket``: BucketBatchSampler keywords (``lengths`` included) of a bucketed run.
+    """
+    if bucket is None:
+        loader = make_loader(open_dataset(path), state["global_batch"], rank=0, world_size=1, **order_options(state))
+    else:
+        sampler = BucketBatchSampler(np.asarray(bucket["lengths"]), state["global_batch"],
+                                     **{key: value for key, value in bucket.items() if key != "lengths"})
+        loader = make_loader(open_dataset(path), batch_sampler=sampler)
+    try:
+        return read_epochs(loader, epochs, sample_lookup(path))
+    finally:
+        close(loader)
+
+
+def union_of_ranks(shares):
+    """Return the sorted union of the ranks' ``shares`` of one step (a multiset: pads repeat)."""
+    return sorted(index for share in shares for index in share)
+
+
+def check_counts(epoch, num_samples, global_batch, remainder):
+    """Assert an epoch's global batches hold every sample once, less a dropped or plus a padded remainder."""
+    counts = np.bincount(np.asarray([index for step in epoch for index in step], dtype=np.int64),
+                         minlength=num_samples)
+    if remainder == "partial":
+        assert (counts == 1).all()
+        return
+    assert counts.sum() == len(epoch) * global_batch  # full batches on every step
+    if remainder == "drop":
+        assert counts.max() <= 1
+        return
+    assert counts.min() >= 1 and counts.max() - counts.min() <= 1  # pad wraps to the epoch's start:
+    assert set(np.flatnonzero(counts > counts.min()).tolist()) <= set(epoch[0])  # repeats come from the first step
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def process_group(path, world_size, runs, folder, *, timeout=GROUP_TIMEOUT, piped=None):
+    """Start ``world_size`` ddp_worker.py ranks over ``path`` doing ``runs``; kill what is left at exit.
+
+    Yields the Popen of each rank; ``piped``'s stdout is a pipe, the others' go to files in ``folder``.
+    """
+    os.makedirs(folder, exist_ok=True)
+    spec = os.path.join(folder, "spec.json")
+    with open(spec, "w") as f:
+        json.dump({"path": os.fspath(path), "world_size": world_size, "timeout": timeout, "out": os.fspath(folder),
+                   "runs": runs}, f)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
+           "OMP_NUM_THREADS": "1"}
+    ranks = []
+    try:
+        for rank in range(world_size):
+            stdout = subprocess.PIPE if rank == piped else open(os.path.join(folder, f"rank{rank}.out"), "wb")
+            with open(os.path.join(folder, f"rank{rank}.err"), "wb") as stderr:
+                ranks.append(subprocess.Popen([sys.executable, WORKER, spec, str(rank)], stdout=stdout,
+                                              stderr=stderr, env=env, start_new_session=True))
+            if rank != piped:
+                stdout.close()
+        yield ranks
+    finally:
+        for proc in ranks:
+            if proc.returncode is None:  # not reaped yet, so its pid is still its session's
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the rank and its loader's workers
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def error_tail(folder, rank):
+    with open(os.path.join(folder, f"rank{rank}.err"), errors="replace") as f:
+        return f.read()[-3000:]
+
+
+def spawn(path, world_size, runs, folder):
+    """Run ``runs`` on a gloo group of ``world_size`` ranks; return per rank per run what ddp_worker.py wrote.
+
+    Fails (and kills the ranks) if the group has not finished within SPAWN_SECONDS.
+    """
+    with process_group(path, world_size, runs, folder) as ranks:
+        deadline = time.monotonic() + SPAWN_SECONDS
+        for rank, proc in enumerate(ranks):
+            try:
+                code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"rank {rank} of {world_size} still running after {SPAWN_SECONDS} s (hung); its "
+                            f"stderr:\n{error_tail(folder, rank)}")
+            assert code == 0, f"rank {rank} of {world_size} exited with {code}:\n{error_tail(folder, rank)}"
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(folder, f"rank{rank}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def global_epochs(results, run, lookup):
+    """Per epoch per step: the sorted union over ranks of run ``run``'s batches; check every rank's step count."""
+    per_rank = [result[run] for result in results]
+    lengths = {result["len"] for result in per_rank}
+    assert len(lengths) == 1, f"ranks disagree on len(loader): {lengths}"
+    epochs = []
+    for epoch in range(len(per_rank[0]["epochs"])):
+        steps = [result["epochs"][epoch] for result in per_rank]
+        assert len({len(rank_steps) for rank_steps in steps}) == 1, "ranks yielded different numbers of batches"
+        epochs.append([])
+        for step in zip(*steps):
+            shares = [lookup[np.asarray(share["labels"], dtype=np.int64)].tolist() for share in step]
+            assert {share["global"] for share in step} == {sum(len(share) for share in shares)}
+            epochs[-1].append(union_of_ranks(shares))
+    return epochs
+
+
+def run_spec(batch_size, options, epochs, **extra):
+    return {"batch_size": batch_size, "options": options, "epochs": epochs, **extra}
+
+
+# ---------------------------------------------------------------- one global order over gloo process groups
+
+RUNS = {  # make_loader keywords besides batch_size; rank and world size come from the process group
+    "auto": {"shuffle": True, "seed": 5},
+    "auto-workers": {"shuffle": True, "seed": 5, "num_workers": 2},
+    "uniform-drop": {"shuffle": "uniform", "seed": 6, "remainder": "drop"},
+    "block-pad-workers": {"shuffle": "block", "seed": 7, "remainder": "pad", "block_size": 4, "window": 3,
+                          "num_workers": 2},
+    "bucket-workers": {"num_workers": 2},  # with a BucketBatchSampler of BUCKET
+}
+BUCKET = {"pool_batches": 3, "seed": 8, "drop_last": True, "lengths": (np.arange(PRIME) * 7 % 11).tolist()}
+EPOCHS = 2
+
+
+@pytest.mark.parametrize("world_size", [  # 1 and 3 slow: one rank is the reference, 3 ranks resume below
+    pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow), 4])
+def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled_files, tmp_path, world_size):
+    path, share = labeled_files(PRIME), GLOBAL_BATCH // world_size
+    runs = [run_spec(share, options, EPOCHS, bucket=BUCKET if name.startswith("bucket") else None)
+            for name, options in RUNS.items()]
+    results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
+    for run, (name, options) in enumerate(RUNS.items()):
+        states = [result[run]["state"] for result in results]
+        assert all(state == states[0] for state in states), f"{name}: the ranks' states differ"
+        state = states[0]
+        assert state["global_batch"] == GLOBAL_BATCH and (state["epoch"], state["samples_consumed"]) == (EPOCHS, 0)
+        expected_remainder = options.get("remainder", "partial" if world_size == 1 else "pad")
+        assert state["remainder"] == ("drop" if runs[run]["bucket"] else expected_remainder), name
+        epochs = global_epochs(results, run, lookup)
+        alone = reference_epochs(path, state, EPOCHS, bucket=runs[run]["bucket"])
+        assert epochs == alone, f"{name}: global batches differ from one rank's"
+        assert results[0][run]["len"] == len(epochs[0]) == (8 if state["remainder"] == "drop" else 9), name
+        for epoch in epochs:
+            check_counts(epoch, PRIME, GLOBAL_BATCH, state["remainder"])
+        if state["remainder"] != "partial":
+            assert all(len(rank["labels"]) == share for result in results for epoch in result[run]["epochs"]
+                       for rank in epoch), f"{name}: some rank read a short batch"
+
+
+# ---------------------------------------------------------------- resume on another topology
+
+STOP = [1, 4]  # the state is taken after 4 batches of the second epoch
+
+
+def ranks_run(world_size, num_workers, **extra):
+    """One run of two epochs of ``shuffle=True, seed=11`` on ``world_size`` ranks of the global batch."""
+    return run_spec(GLOBAL_BATCH // world_size, {"shuffle": True, "seed": 11, "num_workers": num_workers}, 2, **extra)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ((2, 0), (3, 2)),
+    pytest.param((3, 2), (4, 0), marks=pytest.mark.slow),
+])
+def test_a_state_from_one_topology_resumes_the_same_global_order_on_another(labeled_files, tmp_path, before, after):
+    path, lookup = labeled_files(PRIME), sample_lookup(labeled_files(PRIME))
+    # 2 ms a step: a busy loop, so batches are read ahead of it (and must not count as consumed)
+    first = spawn(path, before[0], [ranks_run(*before, stop=STOP, sleep=0.002)], tmp_path / "before")
+    states = [result[0]["state"] for result in first]
+    assert all(state == states[0] for state in states), "the ranks' states differ"
+    state = states[0]
+    assert (state["epoch"], state["samples_consumed"]) == (1, 4 * GLOBAL_BATCH)
+    assert len(json.dumps(state)) < 1024
+    second = spawn(path, after[0], [ranks_run(*after, state=state)], tmp_path / "after")
+    uninterrupted = reference_epochs(path, state, 3)
+    assert global_epochs(first, 0, lookup)[1] == uninterrupted[1][: STOP[1]]
+    assert global_epochs(second, 0, lookup) == [uninterrupted[1][STOP[1] :], uninterrupted[2]]
+
+
+# ---------------------------------------------------------------- a dead rank
+
+
+def wait_for_line(proc, text, seconds):
+    """Read ``proc``'s stdout until a line equals ``text``; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([proc.stdout], [], [], left)[0]:
+            line = proc.stdout.readline()
+            if line.decode().strip() == text:
+                return
+            assert line, f"the rank exited (code {proc.wait()}) before printing {text!r}"
+    pytest.fail(f"the rank did not print {text!r} within {seconds} s")
+
+
+@pytest.mark.parametrize(("killed", "num_workers", "how"), [
+    # SIGKILL closes its sockets: the others' collective fails at once (rank 0 also holds the store)
+    pytest.param(1, 0, signal.SIGKILL, id="kill-rank1", marks=pytest.mark.slow),
+    pytest.param(0, 2, signal.SIGKILL, id="kill-rank0-workers"),
+    # SIGSTOP freezes it with its sockets open: the others wait out the process group's timeout
+    pytest.param(1, 2, signal.SIGSTOP, id="freeze-rank1-workers", marks=pytest.mark.slow),
+])
+def test_when_a_rank_dies_mid_epoch_the_others_fail_instead_of_hanging(labeled_files, tmp_path, killed, num_workers,
+                                                                        how):
+    runs = [run_spec(GLOBAL_BATCH // 2, {"shuffle": True, "num_workers": num_workers}, 1000, sleep=0.01,
+                     announce=killed)]
+    survivor, limit = 1 - killed, DEAD_RANK_TIMEOUT + 60
+    with process_group(labeled_files(PRIME), 2, runs, tmp_path, timeout=DEAD_RANK_TIMEOUT, piped=killed) as ranks:
+        wait_for_line(ranks[killed], "step 5", SPAWN_SECONDS)
+        os.kill(ranks[killed].pid, how)
+        try:
+            code = ranks[survivor].wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"rank {survivor} still running {limit} s after rank {killed} got {how.name}:\n"
+                        f"{error_tail(tmp_path, survivor)}")
+    assert code != 0
+    assert "all_reduce" in error_tail(tmp_path, survivor)  # it failed in the collective, not elsewhere
+
+
+# ---------------------------------------------------------------- refused states
+
+
+def test_a_state_from_another_dataset_seed_or_order_is_refused(labeled_files, tmp_path):
+    from fastdata import convert_imagefolder
+    from fastdata.measure.synthetic import make_imagefolder
+
+    path = labeled_files(12)
+    loader = make_loader(open_dataset(path), 5, shuffle="uniform", seed=1234, remainder="pad")  # 2 samples left
+    batches = iter(loader)
+    next(batches), next(batches)
+    state = loader.state_dict()
+    assert state["dataset"] == open_dataset(path).fingerprint and state["samples_consumed"] == 10
+
+    other = tmp_path / "other.h5"  # the same number of samples, other images
+    convert_imagefolder(make_imagefolder(tmp_path / "src", 12, 1, size=(8, 8), seed=1), other, size=8,
+                        storage="raw", workers=1, progress=False)
+    for field, dataset, options, values in [
+        ("dataset", open_dataset(other), {}, (state["dataset"], open_dataset(other).fingerprint)),
+        ("seed", open_dataset(path), {"seed": 5678}, ("1234", "5678")),
+        ("global_batch", open_dataset(path), {"batch_size": 7}, ("5", "7")),
+        ("shuffle", open_dataset(path), {"shuffle": "none"}, ("uniform", "none")),
+        ("remainder", open_dataset(path), {"remainder": "drop"}, ("pad", "drop")),
+    ]:
+        keywords = {"batch_size": 5, "shuffle": "uniform", "seed": 1234, "remainder": "pad", **options}
+        with pytest.raises(OptionError, match=field) as refused:
+            make_loader(dataset, **keywords).load_state_dict(state)
+        assert all(re.search(rf"\b{value}\b", str(refused.value)) for value in values), str(refused.value)
+
+
+def test_a_state_resumes_on_a_copy_of_the_file(labeled_files, tmp_path):
+    import shutil
+
+    path = labeled_files(12)
+    copy = shutil.copyfile(path, tmp_path / "copy.h5")
+    loader = make_loader(open_dataset(path), 2, shuffle="uniform", seed=3)
+    batches = iter(loader)
+    next(batches)
+    resumed = make_loader(open_dataset(copy), 2, shuffle="uniform", seed=3)
+    resumed.load_state_dict(loader.state_dict())
+    assert [b[-1].tolist() for b in resumed] == [b[-1].tolist() for b in batches]
+
+
+# ---------------------------------------------------------------- properties, every rank in this process
+
+DATASETS = [(1, False), (7, False), (37, False), (37, True), (PRIME, False)]  # (samples, as a shard folder)
+WORLD_SIZES = (1, 2, 3, 4, 6)
+
+
+def rank_loaders(path, share, world_size, num_workers, options):
+    return [make_loader(open_dataset(path), share, rank=rank, world_size=world_size, num_workers=num_workers,
+                        **options) for rank in range(world_size)]
+
+
+def run_ranks(loaders, epochs, lookup, stop=None):
+    """Read every rank's loader for ``epochs``; return the global epochs and each rank's state at ``stop``.
+
+    ``stop`` is ``(epoch, steps)``: the state after that many batches of that epoch.
+    """
+    per_rank, states = [], []
+    for loader in loaders:
+        rank_epochs = []
+        for epoch in range(epochs):
+            steps = []
+            if stop == (epoch, 0):
+                states.append(loader.state_dict())
+            for batch in loader:
+                steps.append(lookup[batch[-1].numpy()].tolist())
+                if stop == (epoch, len(steps)):
+                    states.append(loader.state_dict())
+            rank_epochs.append(steps)
+        per_rank.append(rank_epochs)
+        close(loader)
+    assert len({len(loader) for loader in loaders}) == 1
+    for epoch in range(epochs):
+        assert len({len(rank_epochs[epoch]) for rank_epochs in per_rank}) == 1, "ranks yielded different numbers"
+    return [[union_of_ranks(step) for step in zip(*(rank_epochs[epoch] for rank_epochs in per_rank))]
+            for epoch in range(epochs)], states
+
+
+@st.composite
+def topologies(draw):
+    """A dataset, an order, two topologies with one global batch, and where the first one stops."""
+    num_samples, sharded = draw(st.sampled_from(DATASETS))
+    world_size = draw(st.sampled_from(WORLD_SIZES[:4]))
+    global_batch = world_size * draw(st.integers(1, 6))
+    remainder = draw(st.sampled_from(["pad", "drop"] if num_samples >= global_batch else ["pad"]))
+    options = {"shuffle": draw(st.sampled_from(["none", "uniform", "block"])), "seed": draw(st.integers(0, 2**31)),
+               "remainder": remainder}
+    if options["shuffle"] == "block":
+        options.update(block_size=draw(st.integers(1, 8)), window=draw(st.integers(1, 4)))
+    num_steps = num_samples // global_batch if remainder == "drop" else -(-num_samples // global_batch)
+    return {
+        "num_samples": num_samples, "sharded": sharded, "global_batch": global_batch, "options": options,
+        "before": (world_size, draw(st.sampled_from([0, 1]))),
+        "after": (draw(st.sampled_from([w for w in WORLD_SIZES if global_batch % w == 0])),
+                  draw(st.sampled_from([0, 1]))),
+        "stop": (draw(st.integers(0, 1)), draw(st.integers(0, num_steps))),  # num_steps: after the epoch's last
+    }
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=topologies())
+def test_any_topology_reads_each_sample_once_in_one_global_order_and_resumes_on_another(labeled_files, case):
+    path = labeled_files(case["num_samples"], sharded=case["sharded"])
+    lookup, options, global_batch = sample_lookup(path), case["options"], case["global_batch"]
+    (world_size, num_workers), (world_after, workers_after) = case["before"], case["after"]
+    loaders = rank_loaders(path, global_batch // world_size, world_size, num_workers, options)
+    epochs, states = run_ranks(loaders, 2, lookup, stop=case["stop"])
+    assert [len(epoch) for epoch in epochs] == [len(loaders[0])] * 2
+    state = states[0]
+    assert all(other == state for other in states)
+    uninterrupted = reference_epochs(path, state, 4)
+    assert epochs == uninterrupted[:2]
+    for epoch in epochs:
+        check_counts(epoch, case["num_samples"], global_batch, options["remainder"])
+
+    stop_epoch, stop_step = case["stop"]
+    resumed = rank_loaders(path, global_batch // world_after, world_after, workers_after, options)
+    for loader in resumed:
+        loader.load_state_dict(state)
+    rest, _ = run_ranks(resumed, 2, lookup)
+    if stop_step == len(epochs[0]):  # a state taken after an epoch's last batch is the next epoch's start
+        stop_epoch, stop_step = stop_epoch + 1, 0
+    assert rest == [uninterrupted[stop_epoch][stop_step:], uninterrupted[stop_epoch + 1]]
