@@ -35,6 +35,7 @@ from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.order import SHUFFLES
+from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, check_rank
 from fastdata.loading.transport import SharedSlots, SlotBatch
@@ -80,7 +81,9 @@ def make_loader(
             order each epoch; "block": shuffled blocks of consecutive
             samples, then samples within windows of blocks (large sorted
             reads for data bigger than the page cache); True: "block" where
-            the dataset cannot stay in the page cache, else "uniform".
+            the dataset cannot stay in the page cache, else "uniform" (see
+            NOTE [auto shuffle] in readahead.py; under torch.distributed,
+            rank 0 chooses for all).
         seed: base seed of the order (a non-negative int).
         drop_last: same as ``remainder="drop"``.
         remainder: the last, short global batch: "drop"; "pad" it by
@@ -91,10 +94,10 @@ def make_loader(
             process group is initialized, else 0.
         world_size: ranks sharing each global batch; default:
             torch.distributed's, else 1.
-        block_size: samples per block of ``shuffle="block"``; default: from
-            the dataset's sample size.
+        block_size: samples per block of ``shuffle="block"``; default: about
+            256 KiB of samples (see NOTE [block settings] in readahead.py).
         window: blocks shuffled together by ``shuffle="block"``; default:
-            from the dataset.
+            1,024.
         num_workers: 0 reads in this process with a background thread (the
             fastest for packed files, see NOTE [in-process default]); more
             starts a torch DataLoader whose workers each read whole batches;
@@ -173,29 +176,36 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     world_size = (dist.get_world_size() if group else 1) if world_size is None else world_size
     rank = (dist.get_rank() if group else 0) if rank is None else rank
     check_rank(rank, world_size)
-    shuffle, block_size, window = _order_settings(dataset, shuffle, block_size, window, group)
-    return BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                             remainder=remainder, rank=rank, world_size=world_size, block_size=block_size,
-                             window=window)
+    shuffle = _shuffle_mode(dataset, shuffle, group)
+    if shuffle == "block" and None in (block_size, window):
+        if not isinstance(dataset, PackedDataset):
+            raise OptionError(f"shuffle='block' over a {type(dataset).__name__} needs block_size and window")
+        default_size, default_window = block_settings(dataset)
+        block_size, window = block_size or default_size, window or default_window
+    sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                remainder=remainder, rank=rank, world_size=world_size, block_size=block_size,
+                                window=window)
+    if isinstance(dataset, PackedDataset):  # see NOTE [read ahead] in readahead.py
+        sampler.readahead = ReadAhead(dataset, sampler.order, rank, world_size)
+    return sampler
 
 
-def _order_settings(dataset, shuffle, block_size, window, group):
-    """Return ``(shuffle mode, block_size, window)``, automatic choices made once, on rank 0 of a process group."""
+def _shuffle_mode(dataset, shuffle, group):
+    """Return the order's shuffle mode; True ("auto") is chosen on rank 0 of a process group for every rank."""
     if isinstance(shuffle, bool):
         shuffle = "auto" if shuffle else "none"
     if shuffle not in (*SHUFFLES, "auto"):
         raise OptionError(f"shuffle should be True, False or one of 'none', 'uniform', 'block', 'auto'; "
                           f"got shuffle={shuffle!r}")
-    automatic = shuffle == "auto" or (shuffle == "block" and None in (block_size, window))
-    if shuffle == "auto":
-        shuffle = "uniform"  # until fastdata.loading.readahead.choose_shuffle exists
-    if shuffle == "block" and None in (block_size, window):
-        raise OptionError("shuffle='block' needs block_size and window")  # until readahead.block_settings exists
-    if automatic and group and dist.get_world_size() > 1:  # every rank must use rank 0's order
-        settings = [shuffle, block_size, window]
-        dist.broadcast_object_list(settings, src=0)
-        shuffle, block_size, window = settings
-    return shuffle, block_size, window
+    if shuffle != "auto":
+        return shuffle
+    # see NOTE [auto shuffle] in readahead.py; ranks could see other free memory, so rank 0 decides
+    shuffle = choose_shuffle(dataset)[0] if isinstance(dataset, PackedDataset) else "uniform"
+    if group and dist.get_world_size() > 1:
+        chosen = [shuffle]
+        dist.broadcast_object_list(chosen, src=0)
+        shuffle = chosen[0]
+    return shuffle
 
 
 def _check_batch_sampler(sampler, order_options):

@@ -27,7 +27,8 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
 from fastdata.loading.loader import BatchLoader, worker_pids
-from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.loading.readahead import ReadAhead, block_settings
+from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show
@@ -753,3 +754,53 @@ def test_make_loader_takes_rank_and_world_size_from_an_initialized_process_group
         assert make_loader(small, 4, rank=1, world_size=2).sampler.rank == 1  # explicit values win
     finally:
         dist.destroy_process_group()
+
+
+def test_shuffle_true_reads_in_blocks_where_the_dataset_cannot_stay_cached(small, monkeypatch):
+    # see NOTE [auto shuffle]: the decision is readahead.choose_shuffle's, on this process's available memory
+    assert make_loader(small, 4, shuffle=True).sampler.shuffle == "uniform"
+    monkeypatch.setattr("fastdata.loading.readahead.available_memory", lambda: (small.nbytes // 2, "test"))
+    loader = make_loader(small, 4, shuffle=True)
+    assert loader.sampler.shuffle == "block"
+    assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(small)
+    assert sorted(i for batch in loader.sampler.batches(0) for i in batch.tolist()) == list(range(NUM_SAMPLES))
+
+
+def test_block_shuffle_takes_default_settings_from_the_dataset_and_reads_ahead(small):
+    loader = make_loader(small, 4, shuffle="block", window=3)
+    assert (loader.sampler.order.block_size, loader.sampler.order.window) == (block_settings(small)[0], 3)
+    assert isinstance(loader.sampler.readahead, ReadAhead) and loader.sampler.readahead.order is loader.sampler.order
+
+
+# ---------------------------------------------------------------- BucketBatchSampler under ranks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(num_samples=st.integers(0, 400), batch_size=st.integers(1, 12), world_size=st.sampled_from([2, 3, 4]),
+       pool_batches=st.integers(1, 6), seed=st.integers(0, 2**20), shuffle=st.booleans(), drop_last=st.booleans(),
+       epoch=st.integers(0, 20))
+def test_bucket_ranks_share_the_global_batches_of_one_rank(num_samples, batch_size, world_size, pool_batches, seed,
+                                                           shuffle, drop_last, epoch):
+    lengths = np.random.default_rng(seed).integers(1, 500, num_samples)
+    options = {"pool_batches": pool_batches, "seed": seed, "shuffle": shuffle, "drop_last": drop_last}
+    ranks = [BucketBatchSampler(lengths, batch_size, rank=rank, world_size=world_size, **options)
+             for rank in range(world_size)]
+    alone = BucketBatchSampler(lengths, batch_size * world_size, **options).batches(epoch)
+    shares = [sampler.batches(epoch) for sampler in ranks]
+    assert {len(share) for share in shares} == {len(ranks[0])} == {len(alone)}
+    assert all(len(batch) == batch_size and (np.diff(batch) >= 0).all() for share in shares for batch in share)
+    steps = [np.sort(np.concatenate(batches)) for batches in zip(*shares, strict=True)]
+    for step, (batch, expected) in enumerate(zip(steps, alone, strict=True)):
+        if len(expected) < len(batch):  # the short global batch: kept short by one rank, padded for more
+            assert np.isin(expected, batch).all()
+        else:
+            assert np.array_equal(batch, expected), step
+    seen = np.unique(np.concatenate(steps or [np.zeros(0, np.int64)]))
+    expected_seen = num_samples // (batch_size * world_size) * batch_size * world_size if drop_last else num_samples
+    assert len(seen) == expected_seen  # drop: every full global batch once; pad: every sample
+
+
+def test_a_padded_bucket_batch_takes_the_pools_next_longest_samples():
+    lengths = np.arange(10)  # one pool, sorted: the last global batch of 4 holds samples 8, 9
+    ranks = [BucketBatchSampler(lengths, 2, rank=rank, world_size=2, shuffle=False) for rank in range(2)]
+    assert [[b.tolist() for b in r] for r in ranks] == [[[0, 1], [4, 5], [6, 7]], [[2, 3], [6, 7], [8, 9]]]
