@@ -218,7 +218,17 @@ class PackedDataset(Dataset):
             Whether the kernel was asked.
         """
         ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-        return self._store.will_need(np.clip(ranges, 0, self._num_samples))
+        return self._store.hint(np.clip(ranges, 0, self._num_samples), "will_need")
+
+    def done_with(self, ranges: np.ndarray, drop: bool = False) -> None:
+        """Tell the kernel that samples ``[start, stop)`` (int64 ``[K, 2]``) read here are not read again soon.
+
+        Their pages are reclaimed before others, or with ``drop`` at once; only
+        pages this process has mapped (see NOTE [window hints] in readahead.py).
+        Changes no result.
+        """
+        ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+        self._store.hint(np.clip(ranges, 0, self._num_samples), "drop" if drop else "done")
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):

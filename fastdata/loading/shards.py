@@ -48,7 +48,7 @@ from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index, shard_differences
 from fastdata.loading.decoders import Parts
-from fastdata.loading.readahead import advise_column, column_spans, will_need_spans
+from fastdata.loading.readahead import advise_column, column_spans, hint_spans
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
@@ -235,10 +235,10 @@ class ShardStore:
                     if columns is not None:
                         advise_column(columns.samples, pattern)
 
-    def will_need(self, ranges):
-        """Ask the kernel to read the sample bytes of int64 ``[K, 2]`` global sample ``ranges`` (checked) now.
+    def hint(self, ranges, hint):
+        """Give the kernel a ``hint`` ("will_need", "done") on the sample bytes of int64 ``[K, 2]`` global ``ranges``.
 
-        Returns whether it was asked: False when a sample of the ranges was all in the page cache.
+        Returns whether it was asked (see ``hint_spans``); ``ranges`` are checked.
         """
         ranges = ranges[ranges[:, 1] > ranges[:, 0]]
         if not len(ranges):
@@ -254,7 +254,7 @@ class ShardStore:
         shards, where = np.unique(first, return_inverse=True)
         spans = [column_spans(columns.samples, columns.offsets, ranges[where == k] - starts[shard])
                  for k, (shard, columns) in enumerate(zip(shards.tolist(), self.columns(shards)))]
-        return will_need_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]))
+        return hint_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]), hint)
 
     def labels(self):
         """Return int64 labels ``[N]``: the file's memory map, or every shard's concatenated once."""

@@ -200,25 +200,46 @@ def test_a_uniform_read_ahead_hints_this_ranks_rows_of_the_next_steps(copied):
     where.check_exactly(rows_of(order, 3, range(5, order.num_steps), 1, 2))
 
 
+def samples_of(ranges):
+    return np.concatenate([np.arange(a, b) for a, b in ranges])
+
+
 @linux_only
 @pytest.mark.parametrize("storage", ["raw"])
-def test_a_block_read_ahead_hints_the_next_window_when_one_starts(copied):
-    order = EpochOrder(len(copied), 2, shuffle="block", seed=3, block_size=2, window=3)  # 24 samples: 4 windows
+def test_a_block_read_ahead_hints_the_next_window_a_share_per_step(copied):
+    order = EpochOrder(len(copied), 2, shuffle="block", seed=3, block_size=2, window=3)  # 4 windows of 3 steps
     where = Residency(copied)
     read_ahead = ReadAhead(copied, order)
-    window_rows = [np.concatenate([np.arange(a, b) for a, b in order.window_ranges(5, w)]) for w in range(4)]
+    windows = [order.window_ranges(5, window) for window in range(4)]
+    assert np.isin(rows_of(order, 5, range(3, 6), 0, 1), samples_of(windows[1])).all()
     where.evict()
-    read_ahead.start(epoch=5, step=4)  # positions 8-9: window 1 (6 samples a window)
-    assert np.isin(rows_of(order, 5, range(3, 6), 0, 1), window_rows[1]).all()
-    where.check_exactly(np.concatenate(window_rows[1:3]))
+    read_ahead.start(epoch=5, step=4)  # window 1 at once, and 2 of window 2's 3 blocks (2 of its 3 steps done)
+    where.check_exactly(np.concatenate([samples_of(windows[1]), samples_of(windows[2][:2])]))
+    read_ahead.advance(5)  # the last step of window 1: all of window 2
+    where.check_exactly(np.concatenate([samples_of(windows[1]), samples_of(windows[2])]))
     where.evict()
-    read_ahead.advance(5)  # window 1 still
+    read_ahead.advance(6)  # window 2 starts: the first of window 3's blocks, in file order
+    where.check_exactly(samples_of(windows[3][:1]))
+    for step in (7, 8):
+        read_ahead.advance(step)
+    where.check_exactly(samples_of(windows[3]))
+    where.evict()
+    for step in (9, 10, 11):  # the last window: the next epoch's first
+        read_ahead.advance(step)
+    where.check_exactly(samples_of(order.window_ranges(6, 0)))
+
+
+@linux_only
+@pytest.mark.parametrize("storage", ["raw"])  # a few pages of JPEGs lie in folios that the labels' map shares
+def test_done_with_drops_the_pages_this_process_read(copied):
+    where = Residency(copied)
+    where.evict()
+    expected = copied.read_batch(np.arange(len(copied)))  # maps every sample's pages here
+    copied.done_with(np.array([[0, len(copied)]]))  # colder: still cached
+    assert where.resident().all()
+    copied.done_with(np.array([[0, len(copied)]]), drop=True)
     assert not where.resident()[~where.pinned].any()
-    read_ahead.advance(6)  # window 2 starts: window 3 is next
-    where.check_exactly(window_rows[3])
-    where.evict()
-    read_ahead.advance(9)  # the last window: the next epoch's first
-    where.check_exactly(np.concatenate([np.arange(a, b) for a, b in order.window_ranges(6, 0)]))
+    assert all(a.equal(b) for a, b in zip(copied.read_batch(np.arange(len(copied))), expected))
 
 
 @linux_only
