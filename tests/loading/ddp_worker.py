@@ -1,18 +1,21 @@
 """One rank of a gloo process group, started by test_ddp.py: ``python ddp_worker.py SPEC RANK``.
 
 SPEC is a JSON file: ``path`` (a packed file or shard folder), ``world_size``,
-``timeout`` (seconds, the process group's), ``out`` (a folder) and ``runs``,
-each a dict of ``batch_size``, ``options`` (make_loader keywords), ``epochs``
-and optionally ``bucket`` (BucketBatchSampler keywords with ``lengths``: a
-bucketed loader of this rank), ``state`` (loaded before the first epoch),
-``stop`` (``[epoch, steps]``: take the state after that many batches of that
-epoch, then end the run), ``sleep`` (seconds per step) and ``announce`` (the
-rank that prints each step). Rank and world size come from the process
-group. Every step does an ``all_reduce`` of the batch's size, so ranks that
-disagree on the number of steps hang until the group's timeout. Writes
+``timeout`` (seconds, the process group's), ``out`` (a folder), optionally
+``cgroups`` (rank -> the ``cgroup.procs`` of a memory cgroup it joins once
+the group is up) and ``runs``, each a dict of ``batch_size``, ``options``
+(make_loader keywords), ``epochs`` and optionally ``bucket``
+(BucketBatchSampler keywords with ``lengths``: a bucketed loader of this
+rank), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
+steps]``: take the state after that many batches of that epoch, then end
+the run), ``sleep`` (seconds per step) and ``announce`` (the rank that
+prints each step). Rank and world size come from the process group. Every
+step does an ``all_reduce`` of the batch's size, so ranks that disagree on
+the number of steps hang until the group's timeout. Writes
 ``out/rank<RANK>.json``: per run its ``len``, its state at the end (or at
-``stop``), and per epoch per step the labels this rank got and the global
-batch size the reduce summed.
+``stop``), ``alone`` (what ``shuffle=True`` picks on this rank by itself)
+and per epoch per step the labels this rank got and the global batch size
+the reduce summed.
 """
 
 import datetime
@@ -26,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from fastdata import make_loader, open_dataset
+from fastdata.loading.readahead import choose_shuffle
 from fastdata.loading.samplers import BucketBatchSampler
 
 
@@ -61,7 +65,8 @@ def run(dataset, spec):
         epochs.append(steps)
         if state is not None:
             break
-    result = {"len": len(loader), "epochs": epochs, "state": state or loader.state_dict()}
+    result = {"len": len(loader), "epochs": epochs, "state": state or loader.state_dict(),
+              "alone": choose_shuffle(dataset)[0]}
     if hasattr(loader, "close"):
         loader.close()
     return result
@@ -73,6 +78,9 @@ def main(spec_path, rank):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=spec["world_size"],
                             timeout=datetime.timedelta(seconds=spec["timeout"]))
+    if str(rank) in spec.get("cgroups", {}):  # joined now, its memory so far stays charged where it was
+        with open(spec["cgroups"][str(rank)], "w") as f:
+            f.write(f"{os.getpid()}\n")
     dataset = open_dataset(spec["path"])
     results = [run(dataset, one) for one in spec["runs"]]
     with open(os.path.join(spec["out"], f"rank{rank}.json"), "w") as f:

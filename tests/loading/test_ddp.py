@@ -108,16 +108,17 @@ def free_port():
 
 
 @contextlib.contextmanager
-def process_group(path, world_size, runs, folder, *, timeout=GROUP_TIMEOUT, piped=None):
+def process_group(path, world_size, runs, folder, *, timeout=GROUP_TIMEOUT, piped=None, cgroups=None):
     """Start ``world_size`` ddp_worker.py ranks over ``path`` doing ``runs``; kill what is left at exit.
 
     Yields the Popen of each rank; ``piped``'s stdout is a pipe, the others' go to files in ``folder``.
+    ``cgroups``: ``{rank: cgroup.procs path}`` of the ranks that join a memory cgroup.
     """
     os.makedirs(folder, exist_ok=True)
     spec = os.path.join(folder, "spec.json")
     with open(spec, "w") as f:
         json.dump({"path": os.fspath(path), "world_size": world_size, "timeout": timeout, "out": os.fspath(folder),
-                   "runs": runs}, f)
+                   "runs": runs, "cgroups": cgroups or {}}, f)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo",
            "OMP_NUM_THREADS": "1"}
     ranks = []
@@ -145,12 +146,12 @@ def error_tail(folder, rank):
         return f.read()[-3000:]
 
 
-def spawn(path, world_size, runs, folder):
+def spawn(path, world_size, runs, folder, cgroups=None):
     """Run ``runs`` on a gloo group of ``world_size`` ranks; return per rank per run what ddp_worker.py wrote.
 
     Fails (and kills the ranks) if the group has not finished within SPAWN_SECONDS.
     """
-    with process_group(path, world_size, runs, folder) as ranks:
+    with process_group(path, world_size, runs, folder, cgroups=cgroups) as ranks:
         deadline = time.monotonic() + SPAWN_SECONDS
         for rank, proc in enumerate(ranks):
             try:
@@ -224,6 +225,26 @@ def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled
         if state["remainder"] != "partial":
             assert all(len(rank["labels"]) == share for result in results for epoch in result[run]["epochs"]
                        for rank in epoch), f"{name}: some rank read a short batch"
+
+
+@pytest.mark.slow
+def test_shuffle_true_takes_rank_0s_choice_where_another_rank_has_less_memory(tmp_path):
+    from fastdata import convert_imagefolder
+    from fastdata.measure.pagecache import MemoryCgroup, cgroup_problem
+    from fastdata.measure.synthetic import make_imagefolder
+
+    if cgroup_problem() is not None:
+        pytest.skip(cgroup_problem())
+    path = tmp_path / "big.h5"  # 400 raw 128 px images: 19.7 MB, more than a 16 MB cgroup keeps cached
+    convert_imagefolder(make_imagefolder(tmp_path / "src", 400, 1, size=(128, 128)), path, size=128, storage="raw",
+                        workers=1, progress=False)
+    with MemoryCgroup(16 << 20, name=f"fastdata-ddp-{os.getpid()}") as small:
+        results = spawn(path, 2, [run_spec(GLOBAL_BATCH // 2, {"shuffle": True, "seed": 3}, 1)], tmp_path / "group",
+                        cgroups={1: os.path.join(small.path, "cgroup.procs")})
+    assert [result[0]["alone"] for result in results] == ["uniform", "block"]  # alone, the ranks would differ
+    states = [result[0]["state"] for result in results]
+    assert states[0] == states[1] and states[0]["shuffle"] == "uniform"
+    assert global_epochs(results, 0, sample_lookup(path)) == reference_epochs(path, states[0], 1)
 
 
 # ---------------------------------------------------------------- resume on another topology
