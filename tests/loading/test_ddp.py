@@ -202,10 +202,12 @@ BUCKET = {"pool_batches": 3, "seed": 8, "drop_last": True, "lengths": (np.arange
 EPOCHS = 2
 
 
-@pytest.mark.parametrize("world_size", [  # 1 and 3 slow: one rank is the reference, 3 ranks resume below
-    pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow), 4])
-def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled_files, tmp_path, world_size):
-    path, share = labeled_files(PRIME), GLOBAL_BATCH // world_size
+@pytest.mark.parametrize(("world_size", "sharded"), [  # 1 and 3 slow: one rank is the reference, 3 ranks resume below
+    pytest.param(1, False, marks=pytest.mark.slow), (2, False), pytest.param(3, True, marks=pytest.mark.slow),
+    (4, True)])
+def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled_files, tmp_path, world_size,
+                                                                         sharded):
+    path, share = labeled_files(PRIME, sharded=sharded), GLOBAL_BATCH // world_size
     runs = [run_spec(share, options, EPOCHS, bucket=BUCKET if name.startswith("bucket") else None)
             for name, options in RUNS.items()]
     results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
