@@ -208,7 +208,8 @@ EPOCHS = 2
 def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled_files, tmp_path, world_size,
                                                                          sharded):
     path, share = labeled_files(PRIME, sharded=sharded), GLOBAL_BATCH // world_size
-    runs = [run_spec(share, options, EPOCHS, bucket=BUCKET if name.startswith("bucket") else None)
+    # 2 ms a step: a busy loop, so batches are read ahead on a thread, the next epoch's first one included
+    runs = [run_spec(share, options, EPOCHS, bucket=BUCKET if name.startswith("bucket") else None, sleep=0.002)
             for name, options in RUNS.items()]
     results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
     for run, (name, options) in enumerate(RUNS.items()):
