@@ -16,6 +16,15 @@ their reads at once (the disk serves ~25,000 random 12 KiB reads/s at
 depth, one at a time far fewer); a block order asks for windows of blocks,
 large sorted runs (NOTE [window hints]). Many ranges go to the kernel in
 one process_madvise call (up to 1,024 per call), not one madvise each.
+Measured on 64 px raw shards (4.9 GB, 400,000 samples) read in-process in
+a 1.5 GB memory cgroup (fastdata.measure.pagecache), files evicted first,
+2 cores shared with other jobs (load 4-10), 20 s a run: the map as before
+53-72 img/s, 570x read from disk; uniform with hints 9,400-17,000 img/s,
+1.28-1.37x (a 12 KiB row not aligned to pages spans 4 pages: 1.33x), where
+32 threads of random 16 KiB preads did 12,400 reads/s; block 14,700-30,300
+img/s, 1.05-1.10x (NOTE [window hints]); sequential reads of the files
+41,600-48,900 img/s (512-600 MB/s). LOOKAHEAD 8 did no better than 4
+(10,300-11,700 img/s against 9,400-17,000).
 
 NOTE [resident hints]: a hint is not free when the data is cached: the
 kernel still walks the page cache for every range. Measured on 2 shared
@@ -130,7 +139,7 @@ def _page_spans(starts, stops):
     """Return uint64 ``[K, 2]`` (address, length) of the pages under ``[starts, stops)``, sorted and merged."""
     order = np.argsort(starts, kind="stable")
     first = starts[order] // PAGE * PAGE
-    last = -(-stops[order] // PAGE) * PAGE
+    last = (stops[order] + (PAGE - 1)) // PAGE * PAGE
     reach = np.maximum.accumulate(last)
     new = np.ones(len(first), bool)
     new[1:] = first[1:] > reach[:-1]  # a span that starts past every page before it opens a new run
@@ -293,8 +302,11 @@ class ReadAhead:
     # 0.7 s a window); a share per step and PAGEOUT 14,700-27,400 img/s,
     # 1.047-1.075x, COLD 22,000-30,300 img/s, 1.10x; sequential reads of the
     # files 458-544 MB/s (37,000-44,000 img/s). Both include the next epoch's
-    # first window (5% of this dataset). done_with acts on the pages this
-    # process mapped: a worker's reads are not reclaimed early.
+    # first window (5% of this dataset). The hints spent 5-11 s of a 13-25 s
+    # epoch in the kernel (page allocation reclaims inside the cgroup), not
+    # overlapped with the copy; without the cgroup's limit the same epoch ran
+    # at 37,600 img/s, the sequential rate, CPU-bound. done_with acts on the
+    # pages this process mapped: a worker's reads are not reclaimed early.
     def _hint_windows(self, step):
         """Hint the window of ``step`` whole when an epoch starts there, and the next one a share per step.
 
@@ -340,9 +352,12 @@ def runs(indices: np.ndarray) -> np.ndarray:
 # read is one sorted run of at least 64 pages, and a batch draws from 1,024
 # blocks, which kept >= 90% of a uniform shuffle's classes per batch on 100
 # classes (tests/loading/test_order.py). ReadAhead keeps the current window
-# and the next in the page cache: 2 x 256 MiB. The settings come from the
-# dataset alone, never from this machine's memory, so that every rank and
-# every resumed run computes the same order.
+# and the next in the page cache: 2 x 256 MiB. Measured as in NOTE [read
+# ahead] (4.9 GB in a 1.5 GB cgroup): blocks of 64 KiB 14,800 img/s, 1.11x;
+# 256 KiB 16,100 img/s, 1.10x; 1 MiB 3,400-3,800 img/s, 2.8-2.9x (windows of
+# 1 GiB: two do not fit in the cache, hinted pages are evicted unread). The
+# settings come from the dataset alone, never from this machine's memory,
+# so that every rank and every resumed run computes the same order.
 
 
 def block_settings(dataset) -> tuple[int, int]:
