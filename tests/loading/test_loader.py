@@ -756,20 +756,22 @@ def test_make_loader_takes_rank_and_world_size_from_an_initialized_process_group
         dist.destroy_process_group()
 
 
-def test_shuffle_true_reads_in_blocks_where_the_dataset_cannot_stay_cached(small, monkeypatch):
-    # see NOTE [auto shuffle]: the decision is readahead.choose_shuffle's, on this process's available memory
-    assert make_loader(small, 4, shuffle=True).sampler.shuffle == "uniform"
+def test_shuffle_true_reads_in_blocks_with_hints_where_the_dataset_cannot_stay_cached(small, monkeypatch):
+    # see NOTE [auto shuffle] and NOTE [hints past the cache]: readahead.choose_shuffle decides on available memory
+    cached = make_loader(small, 4, shuffle=True)
+    assert cached.sampler.shuffle == "uniform" and cached.sampler.readahead is None
     monkeypatch.setattr("fastdata.loading.readahead.available_memory", lambda: (small.nbytes // 2, "test"))
     loader = make_loader(small, 4, shuffle=True)
     assert loader.sampler.shuffle == "block"
     assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(small)
+    assert isinstance(loader.sampler.readahead, ReadAhead) and loader.sampler.readahead.order is loader.sampler.order
     assert sorted(i for batch in loader.sampler.batches(0) for i in batch.tolist()) == list(range(NUM_SAMPLES))
+    assert isinstance(make_loader(small, 4, shuffle="uniform").sampler.readahead, ReadAhead)
 
 
-def test_block_shuffle_takes_default_settings_from_the_dataset_and_reads_ahead(small):
+def test_block_shuffle_takes_default_settings_from_the_dataset(small):
     loader = make_loader(small, 4, shuffle="block", window=3)
     assert (loader.sampler.order.block_size, loader.sampler.order.window) == (block_settings(small)[0], 3)
-    assert isinstance(loader.sampler.readahead, ReadAhead) and loader.sampler.readahead.order is loader.sampler.order
 
 
 # ---------------------------------------------------------------- BucketBatchSampler under ranks
