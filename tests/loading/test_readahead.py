@@ -200,6 +200,22 @@ def test_a_uniform_read_ahead_hints_this_ranks_rows_of_the_next_steps(copied):
     where.check_exactly(rows_of(order, 3, range(5, order.num_steps), 1, 2))
 
 
+@linux_only
+@pytest.mark.parametrize("storage", ["raw"])
+def test_a_uniform_read_ahead_over_cached_rows_hints_again_once_they_are_evicted(copied):
+    order = EpochOrder(len(copied), 1, shuffle="uniform", seed=11)
+    where = Residency(copied)
+    read_ahead = ReadAhead(copied, order, lookahead=1)
+    for path in copied.shard_paths:
+        with open(path, "rb") as f:
+            f.read()
+    read_ahead.start(0, 0)  # steps 0-1 cached: nothing asked; steps 2-3 probed next
+    where.evict()
+    for step in range(1, order.num_steps):
+        read_ahead.advance(step)
+    where.check_exactly(rows_of(order, 0, range(2, order.num_steps), 0, 1))
+
+
 def samples_of(ranges):
     return np.concatenate([np.arange(a, b) for a, b in ranges])
 
