@@ -7,12 +7,20 @@ EpochSampler also says which batches any epoch has, and the loader uses
 that to read the next epoch's first batch while the loop still works on the
 previous epoch (see NOTE [next epoch's first batch] in loader.py):
 
-- ``epoch``: the epoch the next iteration yields;
-- ``batches(epoch)``: that epoch's batches, without changing any state;
-- ``set_epoch(epoch)``: as torch's DistributedSampler, choose the next epoch;
-- iterating yields ``batches(epoch)`` and advances ``epoch`` by one when the
-  first batch is asked for; the loader, having read an epoch from
-  ``batches``, advances it with ``set_epoch(epoch + 1)``.
+- ``epoch``: the epoch the next iteration yields; ``start_step``: the
+  global step it starts at (0 unless resumed);
+- ``batches(epoch, start_step=0)``: that epoch's batches from that step on,
+  without changing any state;
+- ``set_epoch(epoch)``: as torch's DistributedSampler, choose the next epoch
+  (a resumed step stays if it is the same epoch: trainers call it after
+  loading a checkpoint); ``resume(epoch, step)``: choose both;
+- iterating yields ``batches(epoch, start_step)`` and advances ``epoch`` by
+  one (``start_step`` back to 0) when the first batch is asked for; the
+  loader, having read an epoch from ``batches``, advances it with
+  ``set_epoch(epoch + 1)``;
+- ``describe()``: the settings that decide the batches, and
+  ``global_batch``: samples per step over all ranks (for a loader's state,
+  NOTE [loader state] in loader.py).
 """
 
 import abc

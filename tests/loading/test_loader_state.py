@@ -252,3 +252,20 @@ def test_a_bucketed_loader_resumes_too(path):
     with pytest.raises(OptionError, match="its pool_batches is 2, this loader's is 3"):
         make_loader(IndexedHDF5(path), batch_sampler=BucketBatchSampler(lengths, 2, pool_batches=3, seed=5)
                     ).load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loader_stopped_mid_epoch_resumes_from_a_state_of_its_own(path, num_workers):
+    # Persistent workers still hold batches read ahead for the stopped epoch; the resumed one must not see them.
+    loader = make_loader(IndexedHDF5(path), 2, shuffle="uniform", seed=2, num_workers=num_workers, prefetch_factor=3,
+                         multiprocessing_context="fork")
+    reference = indices_of(loader)  # epoch 0, 12 steps
+    loader.load_state_dict({**loader.state_dict(), "epoch": 0})
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    next(iterator), next(iterator)
+    del iterator
+    loader.load_state_dict(state)
+    assert indices_of(loader) == reference[1:]
+    shutdown([loader])
