@@ -26,7 +26,7 @@ img/s, 1.05-1.10x (NOTE [window hints]); sequential reads of the files
 41,600-48,900 img/s (512-600 MB/s). LOOKAHEAD 8 did no better than 4
 (10,300-11,700 img/s against 9,400-17,000). On cached data MADV_RANDOM
 cost nothing measurable: the first 300 uniform batches of 256 through
-fresh maps (faults without fault-around) ran at a median 52,000 img/s
+fresh maps (every page faulted in once) ran at a median 52,000 img/s
 against 47,000 with the default advice (7 interleaved pairs, 24k-104k).
 
 NOTE [resident hints]: a hint is not free when the data is cached: the
