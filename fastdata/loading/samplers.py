@@ -275,20 +275,23 @@ class BucketBatchSampler(EpochSampler):
 
         Returns:
             dict: ``bucketed`` and ``random``, the share of padded cells in
-            ``[B, T]`` batches padded to their longest sample, with these
-            batches and with plain random batches of the same size; and
-            ``saved``, the share of padded ``[B, T]`` cells bucketing saves.
+            ``[B, T]`` batches padded to their longest sample, with this
+            rank's batches and with plain random batches of the same size;
+            and ``saved``, the share of padded ``[B, T]`` cells per token
+            bucketing saves.
         """
         epoch = self.epoch if epoch is None else epoch
-        bucketed_cells, tokens = _cells(self.lengths, self.batches(epoch))
+        bucketed_cells, bucketed_tokens = _cells(self.lengths, self.batches(epoch))
         order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
         stop = len(self) * self.batch_size if self.drop_last else self.num_samples
         random_batches = [order[i : min(i + self.batch_size, stop)] for i in range(0, stop, self.batch_size)]
-        random_cells, _ = _cells(self.lengths, random_batches)
+        random_cells, random_tokens = _cells(self.lengths, random_batches)
+        if not (bucketed_tokens and random_tokens):
+            return {"bucketed": 0.0, "random": 0.0, "saved": 0.0}
         return {
-            "bucketed": 1 - tokens / bucketed_cells if bucketed_cells else 0.0,
-            "random": 1 - tokens / random_cells if random_cells else 0.0,
-            "saved": 1 - bucketed_cells / random_cells if random_cells else 0.0,
+            "bucketed": 1 - bucketed_tokens / bucketed_cells,
+            "random": 1 - random_tokens / random_cells,
+            "saved": 1 - (bucketed_cells / bucketed_tokens) / (random_cells / random_tokens),
         }
 
 

@@ -806,3 +806,12 @@ def test_a_padded_bucket_batch_takes_the_pools_next_longest_samples():
     lengths = np.arange(10)  # one pool, sorted: the last global batch of 4 holds samples 8, 9
     ranks = [BucketBatchSampler(lengths, 2, rank=rank, world_size=2, shuffle=False) for rank in range(2)]
     assert [[b.tolist() for b in r] for r in ranks] == [[[0, 1], [4, 5], [6, 7]], [[2, 3], [6, 7], [8, 9]]]
+
+
+def test_bucket_padding_of_a_rank_compares_its_own_samples():
+    lengths = np.random.default_rng(0).lognormal(np.log(200), 0.7, 1003).astype(np.int64) + 1
+    alone = BucketBatchSampler(lengths, 16, seed=3).padding()
+    for rank in range(2):  # a rank's batches hold half the samples: its cells are not half a random epoch's
+        report = BucketBatchSampler(lengths, 16, rank=rank, world_size=2, seed=3).padding()
+        assert report["random"] == pytest.approx(alone["random"], abs=0.02)
+        assert report["saved"] == pytest.approx(alone["saved"], abs=0.05)
