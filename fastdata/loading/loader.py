@@ -37,7 +37,7 @@ from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.order import SHUFFLES
 from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
-from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, check_rank
+from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
 from fastdata.loading.transport import SharedSlots, SlotBatch
 
 
@@ -173,9 +173,7 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
                    window):
     """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default."""
     group = dist.is_available() and dist.is_initialized()
-    world_size = (dist.get_world_size() if group else 1) if world_size is None else world_size
-    rank = (dist.get_rank() if group else 0) if rank is None else rank
-    check_rank(rank, world_size)
+    rank, world_size = resolve_rank(rank, world_size)
     fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"
     shuffle = _shuffle_mode(shuffle, fits, group)
     if shuffle == "block" and None in (block_size, window):

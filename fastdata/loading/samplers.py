@@ -27,6 +27,7 @@ import abc
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+import torch.distributed as dist
 
 from fastdata.errors import OptionError
 from fastdata.loading.order import EpochOrder
@@ -45,13 +46,14 @@ class EpochSampler(abc.ABC):
         num_samples: size of the dataset.
         batch_size: samples per batch of this rank.
         seed: base seed; the epoch number is mixed in.
-        rank: this process's rank.
-        world_size: ranks sharing each global batch of ``batch_size * world_size`` samples.
+        rank: this process's rank; default: torch.distributed's where a process group is initialized, else 0.
+        world_size: ranks sharing each global batch of ``batch_size * world_size`` samples; default as ``rank``
+            (1 without a group).
     """
 
-    def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int, world_size: int):
+    def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int | None, world_size: int | None):
         _check_positive("batch_size", batch_size)
-        check_rank(rank, world_size)
+        rank, world_size = resolve_rank(rank, world_size)
         self.num_samples = int(num_samples)
         self.batch_size = batch_size
         self.seed = seed
@@ -94,6 +96,15 @@ def _check_positive(name, value):
         raise OptionError(f"{name} should be a positive integer, got {name}={value!r}")
 
 
+def resolve_rank(rank, world_size):
+    """Return ``(rank, world_size)``, checked: as given, else the initialized process group's, else 0 of 1."""
+    group = dist.is_available() and dist.is_initialized()
+    world_size = (dist.get_world_size() if group else 1) if world_size is None else world_size
+    rank = (dist.get_rank() if group else 0) if rank is None else rank
+    check_rank(rank, world_size)
+    return rank, world_size
+
+
 def check_rank(rank, world_size):
     """Raise OptionError unless ``0 <= rank < world_size`` are ints."""
     _check_positive("world_size", world_size)
@@ -134,27 +145,27 @@ class BatchIndexSampler(EpochSampler):
         drop_last: same as ``remainder="drop"``.
         remainder: "partial", "pad" or "drop"; default "drop" with
             ``drop_last``, else "partial" for one rank and "pad" for more.
-        rank: this process's rank.
-        world_size: ranks sharing each global batch.
+        rank: this process's rank (default: see EpochSampler).
+        world_size: ranks sharing each global batch (default: see EpochSampler).
         block_size: consecutive samples per block ("block" only).
         window: blocks whose samples are shuffled together ("block" only).
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
-                 drop_last: bool = False, remainder: str | None = None, rank: int = 0, world_size: int = 1,
-                 block_size: int | None = None, window: int | None = None):
+                 drop_last: bool = False, remainder: str | None = None, rank: int | None = None,
+                 world_size: int | None = None, block_size: int | None = None, window: int | None = None):
         super().__init__(num_samples, batch_size, seed, rank, world_size)
         if isinstance(shuffle, bool):
             shuffle = "uniform" if shuffle else "none"
         if shuffle == "block" and (block_size is None or window is None):
             raise OptionError("shuffle='block' needs block_size and window (make_loader picks them from the dataset)")
         self.order = EpochOrder(self.num_samples, self.global_batch, shuffle=shuffle, seed=seed,
-                                remainder=remainder_policy(remainder, drop_last, world_size),
+                                remainder=remainder_policy(remainder, drop_last, self.world_size),
                                 block_size=block_size or 1, window=window or 1)
         self.shuffle, self.remainder = self.order.shuffle, self.order.remainder
         self.drop_last = self.remainder == "drop"
         if self.order.num_steps:  # a partial last batch the ranks cannot share is refused now, not at the end
-            self.order.step_positions(self.order.num_steps - 1, rank, world_size)
+            self.order.step_positions(self.order.num_steps - 1, self.rank, self.world_size)
         self.readahead = None
 
     def __len__(self):
@@ -228,8 +239,8 @@ class BucketBatchSampler(EpochSampler):
             pools follow the index order and batches keep pool order.
         seed: base seed; the epoch number is mixed in.
         drop_last: leave out the one batch smaller than the global batch.
-        rank: this process's rank.
-        world_size: ranks sharing each global batch.
+        rank: this process's rank (default: see EpochSampler).
+        world_size: ranks sharing each global batch (default: see EpochSampler).
 
     Example:
         >>> sampler = BucketBatchSampler(dataset.lengths, 64, shuffle=True)
@@ -238,14 +249,14 @@ class BucketBatchSampler(EpochSampler):
     """
 
     def __init__(self, lengths: np.ndarray, batch_size: int, *, pool_batches: int = 50, shuffle: bool = True,
-                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1):
+                 seed: int = 0, drop_last: bool = False, rank: int | None = None, world_size: int | None = None):
         _check_positive("pool_batches", pool_batches)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1:
             raise OptionError(f"lengths should be 1-D, got shape {self.lengths.shape}")
         super().__init__(len(self.lengths), batch_size, seed, rank, world_size)
         self.pool_batches, self.shuffle, self.drop_last = pool_batches, shuffle, drop_last
-        self.remainder = remainder_policy(None, drop_last, world_size)
+        self.remainder = remainder_policy(None, drop_last, self.world_size)
 
     def describe(self):
         """Return the settings that decide the batches, JSON-able (they go into a loader's state)."""

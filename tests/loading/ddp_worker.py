@@ -38,8 +38,8 @@ def make_rank_loader(dataset, spec):
     if spec.get("bucket") is None:
         return make_loader(dataset, spec["batch_size"], **spec["options"])
     keywords = {key: value for key, value in spec["bucket"].items() if key != "lengths"}
-    sampler = BucketBatchSampler(np.asarray(spec["bucket"]["lengths"]), spec["batch_size"], rank=dist.get_rank(),
-                                 world_size=dist.get_world_size(), **keywords)
+    sampler = BucketBatchSampler(np.asarray(spec["bucket"]["lengths"]), spec["batch_size"], **keywords)  # the group's
+    assert (sampler.rank, sampler.world_size) == (dist.get_rank(), dist.get_world_size())  # rank, by default
     return make_loader(dataset, batch_sampler=sampler, **spec["options"])
 
 
