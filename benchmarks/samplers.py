@@ -45,11 +45,16 @@ class EpochBatches(EpochSampler):
     """
 
     def __init__(self, num_samples, batch_size, num_batches, seed=0):
-        super().__init__(num_samples, min(batch_size, num_samples), shuffle=True, seed=seed, drop_last=True)
+        super().__init__(num_samples, min(batch_size, num_samples), seed=seed, rank=0, world_size=1)
         self.num_batches = num_batches
 
     def __len__(self):
         return self.num_batches
 
-    def batches(self, epoch):
-        return itertools.islice(StreamBatches(self.num_samples, self.batch_size, [self.seed, epoch]), self.num_batches)
+    def batches(self, epoch, start_step=0):
+        stream = StreamBatches(self.num_samples, self.batch_size, [self.seed, epoch])
+        return itertools.islice(stream, start_step, self.num_batches)
+
+    def describe(self):
+        return {"num_samples": self.num_samples, "batch_size": self.batch_size, "num_batches": self.num_batches,
+                "seed": self.seed}
