@@ -123,8 +123,9 @@ def targets_table(targets):
     body = []
     for t in targets:
         unit = t.get("unit", "")
-        if unit == "MB":
-            value, threshold = f"{t['value']:,.2f} MB", f"{'>=' if t['at_least'] else '<='} {t['threshold']:g} MB"
+        if unit:  # "MB", "s", "img/s", ...
+            value = f"{t['value']:,.2f} {unit}"
+            threshold = f"{'>=' if t['at_least'] else '<='} {t['threshold']:,g} {unit}"
         elif t["at_least"]:
             value = f"{t['value']:,.3f}x" if t["value"] < 10 else f"{t['value']:,.1f}x"
             threshold = f">= {t['threshold']:g}x"
