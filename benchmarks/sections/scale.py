@@ -520,9 +520,10 @@ def summarize(results):
     for row in results["order"]:
         if row["what"] == "order" and "resume_seconds" in row and row["num_samples"] < 10**8:
             targets.append(_target(f"scale resume at {RESUME_AT:.0%} of an epoch of {row['num_samples']:,} samples "
-                                   f"({row['shuffle']}): seconds to the first batch", row["resume_seconds"],
-                                   TARGETS["resume_seconds"], "in-memory stand-in; batch equal to the order's: "
-                                   + ("yes" if row["resumed_batch_right"] else "NO"), at_least=False, unit="s"))
+                                   f"({row['shuffle']}): load_state_dict to the first batch",
+                                   row["resume_seconds"] * 1e3,
+                                   TARGETS["resume_seconds"] * 1e3, "in-memory stand-in; batch equal to the order's: "
+                                   + ("yes" if row["resumed_batch_right"] else "NO"), at_least=False, unit="ms"))
     return targets
 
 
