@@ -115,7 +115,7 @@ class EpochOrder:
     def __init__(self, num_samples: int, global_batch: int, *, shuffle: str = "uniform", seed: int = 0,
                  remainder: str = "partial", block_size: int = 1, window: int = 1):
         for name, value in (("global_batch", global_batch), ("block_size", block_size), ("window", window)):
-            _check_positive(name, value)
+            check_positive(name, value)
         _check_choice("shuffle", shuffle, SHUFFLES)
         _check_choice("remainder", remainder, REMAINDERS)
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
@@ -233,7 +233,8 @@ class EpochOrder:
                 "window": self.window}
 
 
-def _check_positive(name, value):
+def check_positive(name, value):
+    """Raise OptionError unless ``value`` is a positive int (not a bool)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise OptionError(f"{name} should be a positive integer, got {name}={value!r}")
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch.distributed as dist
 
 from fastdata.errors import OptionError
-from fastdata.loading.order import EpochOrder
+from fastdata.loading.order import EpochOrder, check_positive
 
 _CHUNK_SAMPLES = 16384  # positions computed per order.samples call (see NOTE [chunked order])
 _CHUNK_STEPS = 64
@@ -52,7 +52,7 @@ class EpochSampler(abc.ABC):
     """
 
     def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int | None, world_size: int | None):
-        _check_positive("batch_size", batch_size)
+        check_positive("batch_size", batch_size)
         rank, world_size = resolve_rank(rank, world_size)
         self.num_samples = int(num_samples)
         self.batch_size = batch_size
@@ -91,11 +91,6 @@ class EpochSampler(abc.ABC):
         return -(-self.num_samples // self.global_batch)
 
 
-def _check_positive(name, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise OptionError(f"{name} should be a positive integer, got {name}={value!r}")
-
-
 def resolve_rank(rank, world_size):
     """Return ``(rank, world_size)``, checked: as given, else the initialized process group's, else 0 of 1."""
     group = dist.is_available() and dist.is_initialized()
@@ -107,7 +102,7 @@ def resolve_rank(rank, world_size):
 
 def check_rank(rank, world_size):
     """Raise OptionError unless ``0 <= rank < world_size`` are ints."""
-    _check_positive("world_size", world_size)
+    check_positive("world_size", world_size)
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
         raise OptionError(f"rank should be an integer in [0, world_size={world_size}), got rank={rank!r}")
 
@@ -250,7 +245,7 @@ class BucketBatchSampler(EpochSampler):
 
     def __init__(self, lengths: np.ndarray, batch_size: int, *, pool_batches: int = 50, shuffle: bool = True,
                  seed: int = 0, drop_last: bool = False, rank: int | None = None, world_size: int | None = None):
-        _check_positive("pool_batches", pool_batches)
+        check_positive("pool_batches", pool_batches)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1:
             raise OptionError(f"lengths should be 1-D, got shape {self.lengths.shape}")
