@@ -105,7 +105,7 @@ class ShardStore:
         self._open = [None] * shards  # shard -> its Columns while open; see NOTE [shard cache arrays]
         self._used = np.zeros(shards, np.int64)  # shard -> the batch count when it was last read
         self._checked_at = np.full(shards, -np.inf)  # shard -> when its fingerprint was last compared
-        self._batches, self._num_open = 0, 0
+        self._batches, self._held = 0, set()  # the numbers of the open shards
         self._lock, self._pid = threading.Lock(), os.getpid()
 
     def parts(self, indices):
@@ -174,12 +174,12 @@ class ShardStore:
             if self._advice is not None:
                 advise_column(columns.samples, self._advice)
             self._checked_at[shard] = time.monotonic()
-            self._num_open += 1
-            while self._num_open > self.max_open_shards:
-                held = np.flatnonzero([other is not None for other in self._open])
-                oldest = held[np.argmin(self._used[held])]
+            self._held.add(shard)
+            while len(self._held) > self.max_open_shards:  # an argmin over the open shards, not all of them
+                held = np.fromiter(self._held, np.int64, len(self._held))
+                oldest = int(held[np.argmin(self._used[held])])
                 self._open[oldest], self._checked_at[oldest] = None, -np.inf
-                self._num_open -= 1
+                self._held.discard(oldest)
         return columns
 
     def _open_shard(self, shard):
