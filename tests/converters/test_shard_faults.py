@@ -103,9 +103,9 @@ def recorded_shards(root):
     pinned = root.parent / "pinned"
     pinned.mkdir(exist_ok=True)
     found = {}
-    for name in os.listdir(root / ".fastdata"):
+    for name in [name for name in os.listdir(root / ".fastdata") if _is_record(name)]:
         shards = [name.replace(".json", ext) for ext in (".h5", ".arrow")]
-        for shard in [shard for shard in shards if name.startswith("shard-") and (root / shard).exists()]:
+        for shard in [shard for shard in shards if (root / shard).exists()]:
             found[shard] = os.stat(root / shard).st_ino
             os.link(root / shard, pinned / shard)
     return found
@@ -114,7 +114,12 @@ def recorded_shards(root):
 def records(root):
     """Return the number of task records in ``root`` (0 before the conversion made its folder)."""
     state = root / ".fastdata"
-    return len([name for name in os.listdir(state) if name.startswith("shard-")]) if state.is_dir() else 0
+    return len([name for name in os.listdir(state) if _is_record(name)]) if state.is_dir() else 0
+
+
+def _is_record(name):
+    """Whether ``name`` is a finished task record, not the partial file it is written through."""
+    return name.startswith("shard-") and name.endswith(".json")
 
 
 def partials(root):
