@@ -23,7 +23,7 @@ NOTE [in-process default]).
 import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
 
 import numpy as np
@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
 from fastdata.loading.datasets import PackedDataset
+from fastdata.loading.device import HostBatch, make_pipeline
 from fastdata.loading.order import SHUFFLES
 from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
@@ -60,6 +61,11 @@ def make_loader(
     multiprocessing_context: str | None = None,
     pad_to: int | None = None,
     batch_sampler: Iterable | None = None,
+    device: str | torch.device | None = None,
+    augment: Callable | None = None,
+    normalize: bool | tuple = False,
+    dtype: torch.dtype | None = None,
+    memory_format: torch.memory_format | None = None,
 ) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
@@ -70,7 +76,9 @@ def make_loader(
     number of workers (see NOTE [global order] in order.py); every rank
     yields ``len(loader)`` batches. ``state_dict()`` and
     ``load_state_dict()`` checkpoint and resume mid-epoch (see NOTE [loader
-    state]).
+    state]). With ``device``, batches come out on that device, augmented,
+    normalized, in ``dtype`` and ``memory_format`` (see NOTE [device
+    pipeline] in device.py).
 
     Args:
         dataset: an HDF5Dataset or ArrowDataset, or any object with ``len``
@@ -116,6 +124,23 @@ def make_loader(
             BatchSampler (see NOTE [epoch protocol] in samplers.py);
             replaces batch_size, shuffle, seed, drop_last, remainder, rank,
             world_size, block_size and window.
+        device: None: uint8 batches on the CPU, as read; "cpu", "cuda" or a
+            torch.device: every batch, labels (and text lengths) included, on
+            that device, CUDA copies issued ahead from pinned buffers (the
+            read is then not pinned unless ``pin_memory=True``).
+        augment: with ``device``: a batched transform of
+            fastdata.loading.augment, e.g. ``RandomResizedCrop(224)``, called
+            with each batch's global indices, its epoch and ``seed``; a
+            leading RandomResizedCrop runs in the JPEG decoder (see NOTE
+            [fused crop] in device.py). Images only.
+        normalize: with ``device``: True: ``(x / 255 - mean) / std`` with the
+            file's stored per-channel mean and std; or a ``(mean, std)`` pair
+            in [0, 1] units; False: none. Images only.
+        dtype: with ``device``: the images' dtype (float32, float16,
+            bfloat16, ...); default float32 with ``normalize``, else as read
+            (or augmented). Without ``normalize`` a cast only, 0..255.
+        memory_format: with ``device``: e.g. ``torch.channels_last``;
+            default: as read (or augmented).
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -130,6 +155,8 @@ def make_loader(
     Example:
         >>> loader = make_loader(HDF5Dataset("train.h5"), batch_size=256, shuffle=True)
         >>> for images, labels in loader: ...
+        >>> loader = make_loader(dataset, 256, shuffle=True, device="cuda", augment=RandomResizedCrop(224),
+        ...                      normalize=True, dtype=torch.bfloat16, memory_format=torch.channels_last)
     """
     if isinstance(num_workers, str) and num_workers == "auto":
         num_workers, prefetch_factor = _tuned_settings(dataset, prefetch_factor)
@@ -141,8 +168,10 @@ def make_loader(
     if not hasattr(dataset, "read_batch"):
         raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
     options = _read_options(dataset, pad_to)
+    pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
+                             memory_format=memory_format, seed=seed, ahead=prefetch_factor)
     if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
+        pin_memory = device is None and torch.cuda.is_available()  # a pipeline pins into its own buffers
     order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
                      "world_size": world_size, "block_size": block_size, "window": window}
     if batch_sampler is None:
@@ -151,13 +180,13 @@ def make_loader(
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                           options=options)
+                           options=options, pipeline=pipeline)
     largest = _largest_batch(sampler)
     slots = None
     if largest is not None:
         slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, dataset.max_batch_bytes(largest, **options))
-    return WorkerLoader(
-        _WholeBatches(dataset, slots, options),
+    loader = WorkerLoader(
+        _WholeBatches(dataset, slots, options, pipeline and pipeline.reader),
         batch_size=None,  # the sampler yields whole batches
         sampler=sampler,
         num_workers=num_workers,
@@ -167,6 +196,8 @@ def make_loader(
         persistent_workers=persistent_workers,
         multiprocessing_context=multiprocessing_context,
     )
+    loader.pipeline = pipeline
+    return loader
 
 
 def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, rank, world_size, block_size,
@@ -240,6 +271,27 @@ def _largest_batch(sampler):
     if isinstance(sampler, Sequence):
         return max((len(batch) for batch in sampler), default=0)
     return None
+
+
+class _Steps:
+    """A batch sampler's batches as ``(epoch, indices)``: an EpochSampler's epoch, or epochs counted here.
+
+    The epoch goes with each batch to the device pipeline's augmentation (see NOTE [device pipeline]).
+    """
+
+    def __init__(self, sampler):
+        self.sampler, self.epochs = sampler, 0
+
+    def __iter__(self):  # a generator: the epoch is taken when the first batch is asked for, as the sampler's
+        if isinstance(self.sampler, EpochSampler):
+            epoch = self.sampler.epoch
+        else:
+            epoch, self.epochs = self.epochs, self.epochs + 1
+        for indices in self.sampler:
+            yield epoch, indices
+
+    def __len__(self):
+        return len(self.sampler)
 
 
 class _Resumable:
@@ -356,9 +408,11 @@ class BatchLoader(_Resumable):
     with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
     """
 
-    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None):
+    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None):
         self.dataset = self.packed_dataset = dataset
         self.sampler = sampler
+        self.pipeline = pipeline  # a DevicePipeline, or None
+        self._steps = _Steps(sampler)
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
@@ -372,15 +426,23 @@ class BatchLoader(_Resumable):
 
     def __iter__(self):
         position = self._begin_epoch()  # see NOTE [loader state]: taken before the sampler advances
-        first, indices = self._take_next_epoch()
-        batches = self._read(indices)
+        first, steps = self._take_next_epoch()
+        batches = self._read(steps)
         if self.prefetch_factor > 0:
             batches = self._read_ahead(batches, first)
+        if self.pipeline is not None:
+            batches = self.pipeline.run(batches)
         return self._counted(self._body.timed(batches), position)
 
-    def _read(self, indices):
-        for batch_indices in indices:
-            yield self.dataset.read_batch(batch_indices, self.pin_memory, **self._options())
+    def _read(self, steps):
+        for epoch, indices in steps:
+            yield self._read_batch(indices, epoch)
+
+    def _read_batch(self, indices, epoch):
+        """Return the batch of ``indices``; with a pipeline a HostBatch of ``epoch`` (see NOTE [device pipeline])."""
+        if self.pipeline is None:
+            return self.dataset.read_batch(indices, self.pin_memory, **self._options())
+        return self.pipeline.reader.read(self.dataset, indices, epoch, self.pin_memory, self._options())
 
     def _options(self):
         if self._takes_threads and self._body.keeps_a_core_busy():
@@ -437,20 +499,20 @@ class BatchLoader(_Resumable):
         epoch = self.sampler.epoch
         indices = iter(self.sampler.batches(epoch))
         try:
-            first = self.dataset.read_batch(next(indices), self.pin_memory, **self._options())
+            first = self._read_batch(next(indices), epoch)
         except Exception:  # StopIteration or a read error: the next epoch reads (and raises) as usual
             return
         self._next_epoch = (epoch, first, indices)
 
     def _take_next_epoch(self):
-        """Return ``(first batch or None, the epoch's remaining batch indices)``."""
+        """Return ``(first batch or None, the epoch's remaining (epoch, batch indices))``."""
         if self._next_epoch is not None:
             epoch, first, indices = self._next_epoch
             self._next_epoch = None
             if self.sampler.epoch == epoch and self.sampler.start_step == 0:  # untouched, or set_epoch to the same
                 self.sampler.set_epoch(epoch + 1)  # this epoch is read: as iterating the sampler would
-                return first, indices
-        return None, iter(self.sampler)
+                return first, ((epoch, batch) for batch in indices)
+        return None, iter(self._steps)
 
 
 class _LoopBody:
@@ -551,31 +613,56 @@ class WorkerLoader(_Resumable, DataLoader):
     See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
     Its ``dataset`` hands out whole batches; ``packed_dataset`` is the file's dataset.
     Resumable with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
+    With a ``pipeline`` (a DevicePipeline) the workers read HostBatches and the
+    pipeline runs here, on the batches as they arrive (see NOTE [device pipeline]).
     """
+
+    pipeline = None
 
     @property
     def packed_dataset(self):
         """The HDF5Dataset or ArrowDataset the workers read."""
         return self.dataset.dataset
 
+    @property
+    def _index_sampler(self):
+        # see NOTE [torch internals]: with a pipeline, the workers get (epoch, indices) to read a HostBatch
+        if self.pipeline is None:
+            return super()._index_sampler
+        if getattr(self, "_steps", None) is None:
+            self._steps = _Steps(self.sampler)
+        return self._steps
+
     def __iter__(self):
         position = self._begin_epoch()  # see NOTE [loader state]
-        yield from self._counted(self._unpacked(super().__iter__()), position)
+        batches = self._unpacked(super().__iter__())
+        if self.pipeline is not None:
+            batches = self.pipeline.run(batches)
+        yield from self._counted(batches, position)
 
     @staticmethod
     def _unpacked(batches):
         for batch in batches:
-            yield batch.unpack() if isinstance(batch, SlotBatch) else batch
+            if isinstance(batch, HostBatch):
+                yield batch._replace(tensors=_unpack(batch.tensors))
+            else:
+                yield _unpack(batch)
 
     def close(self):
         """Stop the persistent worker processes now (a later epoch starts new ones)."""
         close_workers(self)
 
 
+def _unpack(batch):
+    return batch.unpack() if isinstance(batch, SlotBatch) else batch
+
+
 # NOTE [torch internals]: torch has no public way to stop a DataLoader's
 # persistent workers before the loader is garbage collected, nor to list
 # them; the two functions below are the one place fastdata reaches into a
 # DataLoader's private iterator for that, so a torch change breaks only here.
+# Nor can a DataLoader's iterator draw other items than its sampler's:
+# WorkerLoader overrides the private ``_index_sampler`` property for that.
 
 
 def close_workers(loader: DataLoader) -> None:
@@ -595,16 +682,23 @@ def worker_pids(loader: DataLoader) -> list[int]:
 class _WholeBatches:
     """Dataset whose items are whole batches: ``self[indices] -> read_batch(indices)``."""
 
-    def __init__(self, dataset, slots=None, options=None):
+    def __init__(self, dataset, slots=None, options=None, reader=None):
         self.dataset = dataset
         self.slots = slots
         self.options = options or {}
+        self.reader = reader  # a pipeline's HostReader: items are then (epoch, indices), read as HostBatches
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, indices):
-        batch = self.dataset.read_batch(indices, **self.options)
+        if self.reader is None:
+            return self._packed(self.dataset.read_batch(indices, **self.options))
+        epoch, indices = indices
+        batch = self.reader.read(self.dataset, indices, epoch, options=self.options)
+        return batch._replace(tensors=self._packed(batch.tensors))
+
+    def _packed(self, batch):
         return batch if self.slots is None else self.slots.pack(batch)
 
 

@@ -1,0 +1,302 @@
+"""The device pipeline: host batches -> device -> augment -> normalize -> dtype -> memory format.
+
+NOTE [device pipeline]: make_loader(device=...) sends every batch through a
+DevicePipeline in the process that iterates the loader (after the
+read-ahead thread or the workers): the uint8 batch crosses the bus (4x fewer
+bytes than float32), then the batched augmentation of augment.py, the
+normalization, the dtype and the memory format run on the device as whole-
+batch tensor ops. Each batch travels with its global sample indices and its
+epoch (a HostBatch), since the augmentation's random parameters are a
+function of ``(seed, epoch, index)`` (NOTE [counter-based draws] in
+augment.py): the same batches come out for any number of workers, and a
+resumed loader continues with the same parameters. On the CPU the transfer
+is the identity and everything else runs as on a GPU, so the whole pipeline
+is tested on machines without one.
+
+NOTE [fused crop]: on a file whose decoder takes a ``crop`` read option
+(JPEG storage), a RandomResizedCrop (alone or first in a Compose) is chosen
+before decoding: the HostReader passes ``ResizedCrop(size, boxes)`` to
+``read_batch``, the decoder reads each image's size from its header, asks
+for the boxes and decodes each box at the smallest DCT scale straight into
+the batch buffer; the pipeline then applies only the flips. The boxes are
+the same function of ``(seed, epoch, index)`` as the unfused crop's, so in
+worker processes too (the reader, not the pipeline, travels to them).
+"""
+
+import collections
+import contextlib
+import functools
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from fastdata.errors import OptionError
+from fastdata.loading.augment import Compose, Normalize, RandomResizedCrop
+
+
+class HostBatch(NamedTuple):
+    """A batch as read on the host: ``tensors`` (what ``read_batch`` returned), its int64 ``indices`` and ``epoch``."""
+
+    tensors: tuple
+    indices: np.ndarray
+    epoch: int
+
+
+class HostReader:
+    """Read a pipeline's host batches; with ``crop`` (a RandomResizedCrop) fused into decoding (see NOTE [fused crop]).
+
+    Holds no device state, so it pickles into DataLoader workers.
+    """
+
+    def __init__(self, crop: RandomResizedCrop | None = None, seed: int = 0):
+        self.crop, self.seed = crop, seed
+
+    def read(self, dataset, indices: np.ndarray, epoch: int, pin_memory: bool = False,
+             options: dict | None = None) -> HostBatch:
+        """Return ``dataset.read_batch(indices, pin_memory, **options)`` as a HostBatch of ``epoch``."""
+        options = options or {}
+        if self.crop is not None:
+            from fastdata.loading.decoders import ResizedCrop
+
+            boxes = functools.partial(self.crop.boxes, self.seed, epoch, indices)
+            options = {**options, "crop": ResizedCrop(self.crop.size, boxes)}
+        return HostBatch(dataset.read_batch(indices, pin_memory, **options), indices, epoch)
+
+
+class DevicePipeline:
+    """Move host batches to ``device`` and transform them there (see NOTE [device pipeline]).
+
+    Args:
+        device: a torch.device of type "cpu" or "cuda".
+        augment: None, or a batched transform ``(images, indices, epoch, seed) -> images`` (augment.py).
+        normalize: None, or ``(mean, std)`` per channel in [0, 1] units.
+        dtype: the images' dtype (default: float32 with ``normalize``, else as augmented).
+        memory_format: the images' memory format (default: as augmented).
+        seed: the augmentation's seed.
+        ahead: batches whose copy is issued before the consumer gets the current one (at least 1).
+        fuse_crop: whether the crop of a leading RandomResizedCrop runs in the decoder (see NOTE [fused crop]).
+    """
+
+    def __init__(self, device: torch.device, *, augment=None, normalize=None, dtype=None, memory_format=None,
+                 seed: int = 0, ahead: int = 1, fuse_crop: bool = False):
+        self.device, self.seed, self.ahead = device, seed, max(1, ahead)
+        crop, augment = _split_crop(augment) if fuse_crop else (None, augment)
+        self.reader = HostReader(crop, seed)
+        self.augment = augment
+        self.normalize = None
+        if normalize is not None:
+            mean, std = normalize
+            self.normalize = Normalize(mean, std, dtype=dtype or torch.float32,
+                                       memory_format=memory_format or torch.preserve_format)
+        self.dtype, self.memory_format = dtype, memory_format
+        self._copier = _CudaCopier(device, self.ahead + 2) if device.type == "cuda" else None
+
+    def run(self, batches: Iterable[HostBatch]) -> Iterator[tuple]:
+        """Yield each host batch's tensors on the device, transformed, issuing copies ``ahead`` batches early."""
+        in_flight = collections.deque()
+        with contextlib.closing(batches) if hasattr(batches, "close") else contextlib.nullcontext():
+            for batch in batches:  # closed with this generator: a read-ahead thread stops
+                in_flight.append(self._start(batch))
+                if len(in_flight) > self.ahead:
+                    yield self._finish(*in_flight.popleft())
+        while in_flight:
+            yield self._finish(*in_flight.popleft())
+
+    def _start(self, batch):
+        """Issue the copy of ``batch`` to the device; return what _finish needs."""
+        tensors, indices, epoch = batch
+        if self._copier is None:
+            return tensors, indices, epoch, None
+        tensors, ready = self._copier.copy(tensors)
+        return tensors, indices, epoch, ready
+
+    def _finish(self, tensors, indices, epoch, ready):
+        """Wait for the copy on the consumer's stream, then transform the images (not labels or lengths)."""
+        if ready is not None:
+            tensors = self._copier.wait(tensors, ready)
+        images, *rest = tensors  # text: tokens, which take no transform (make_pipeline refuses them one)
+        return self.transform(images, indices, epoch), *rest
+
+    def transform(self, images: torch.Tensor, indices: np.ndarray, epoch: int) -> torch.Tensor:
+        """Return ``images`` (on the device) augmented, normalized, in the pipeline's dtype and memory format."""
+        if self.augment is not None:
+            images = self.augment(images, indices, epoch, self.seed)
+        if self.normalize is not None:
+            return self.normalize(images)
+        if self.dtype is not None or self.memory_format is not None:
+            images = images.to(self.dtype or images.dtype, memory_format=self.memory_format or torch.preserve_format)
+        return images
+
+
+class _CudaCopier:
+    """Copy host batches to a CUDA device through ``slots`` page-locked buffers reused round-robin.
+
+    NOTE [pinned slots]: a copy from pageable memory is synchronous (the
+    driver stages it through its own pinned buffer), so each host batch is
+    first copied (a memcpy on the host) into the next of ``slots`` pinned
+    buffers, allocated once and grown as needed, then copied to the device
+    with ``non_blocking=True``. A slot is rewritten only after its previous
+    copy finished: each slot keeps the CUDA event recorded after its copy,
+    and the host waits on that event before refilling it. The pipeline keeps
+    ``ahead`` copies in flight, so with ``ahead + 2`` slots the slot about to
+    be refilled was last copied ``ahead + 1`` batches ago and its event has
+    (almost always) fired: the wait costs nothing. A batch already pinned
+    (``pin_memory=True``) is copied from where it is: torch's pinned host
+    allocator keeps such a block until the copies using it are done.
+    Not measured: no GPU on this machine.
+
+    NOTE [copy stream]: copies are issued on a side stream, so they overlap
+    with the kernels of the training step on the consumer's stream. The
+    device tensors are allocated on the side stream; before the consumer
+    gets a batch, its stream waits for the batch's event (``wait_event``: no
+    kernel of the step reads the batch before its copy is done, and the host
+    does not block), and ``record_stream`` tells the caching allocator that
+    the consumer's stream uses the tensors, so their memory is not handed
+    to the side stream for a later batch until the step's kernels that read
+    them finished. Not measured: no GPU on this machine.
+    """
+
+    def __init__(self, device, slots):
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        self._buffers = [[] for _ in range(slots)]  # slot -> flat pinned uint8 buffers, one per tensor of a batch
+        self._events = [None] * slots  # slot -> event of its last copy
+        self._next = 0
+
+    def copy(self, tensors):
+        """Issue the copies of ``tensors`` on the side stream; return ``(device tensors, event)``."""
+        slot, self._next = self._next, (self._next + 1) % len(self._buffers)
+        if self._events[slot] is not None:
+            self._events[slot].synchronize()  # see NOTE [pinned slots]: its last copy is done
+        staged = [tensor if tensor.is_pinned() else self._stage(slot, k, tensor) for k, tensor in enumerate(tensors)]
+        with torch.cuda.stream(self.stream):
+            moved = [tensor.to(self.device, non_blocking=True) for tensor in staged]
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self._events[slot] = event
+        return moved, event
+
+    def _stage(self, slot, k, tensor):
+        """Copy ``tensor`` into pinned buffer ``k`` of ``slot`` (same shape and strides); return that view."""
+        buffers, nbytes = self._buffers[slot], tensor.numel() * tensor.element_size()
+        if len(buffers) <= k:
+            buffers.append(torch.empty(0, dtype=torch.uint8))
+        if buffers[k].numel() < nbytes:
+            buffers[k] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        strides = tensor.stride() if _dense(tensor) else _contiguous_strides(tensor.shape)
+        view = buffers[k][:nbytes].view(tensor.dtype).as_strided(tensor.shape, strides)
+        return view.copy_(tensor)
+
+    def wait(self, tensors, event):
+        """Make the consumer's stream wait for ``event`` and own ``tensors`` (see NOTE [copy stream])."""
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(event)
+        for tensor in tensors:
+            tensor.record_stream(consumer)
+        return tensors
+
+
+def _dense(tensor):
+    """Whether ``tensor`` covers its memory without gaps (contiguous, or channels_last as a JPEG batch is)."""
+    return tensor.is_contiguous() or (tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last))
+
+
+def _contiguous_strides(shape):
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+class _Flips:
+    """The rest of a RandomResizedCrop whose crop ran in the decoder: its flips, and its float32 0..255 output."""
+
+    def __init__(self, crop):
+        self.crop = crop
+
+    def __call__(self, images, indices, epoch, seed):
+        out = images.to(torch.float32)  # as RandomResizedCrop returns uint8 input
+        flips = self.crop.flips(seed, epoch, indices)
+        if flips.any():
+            rows = torch.from_numpy(flips).to(images.device)
+            out[rows] = out[rows].flip(-1)
+        return out
+
+
+def _split_crop(augment):
+    """Return ``(the leading RandomResizedCrop or None, what the pipeline still applies on the batch)``."""
+    if isinstance(augment, RandomResizedCrop):
+        return augment, _Flips(augment)
+    if isinstance(augment, Compose) and augment.transforms and isinstance(augment.transforms[0], RandomResizedCrop):
+        crop = augment.transforms[0]
+        return crop, Compose(_Flips(crop), *augment.transforms[1:])
+    return None, augment
+
+
+def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=None, memory_format=None, seed=0,
+                  ahead=1) -> DevicePipeline | None:
+    """Return the DevicePipeline of make_loader's options for ``dataset``, or None for ``device=None``.
+
+    Raises:
+        OptionError: an option without ``device``, one that does not apply to a text file, a CUDA device
+            without CUDA, or a normalization the file has no statistics for.
+        TypeError: ``augment`` is not callable, ``dtype`` not a torch.dtype or ``memory_format`` not a
+            torch.memory_format.
+    """
+    given = [name for name, value in (("augment", augment), ("normalize", normalize), ("dtype", dtype),
+                                      ("memory_format", memory_format)) if value is not None and value is not False]
+    if device is None:
+        if given:
+            raise OptionError(f"{', '.join(given)} run in the device pipeline: pass device='cpu' or device='cuda' "
+                              "too")
+        return None
+    device = _check_device(device)
+    if given and getattr(dataset, "kind", None) == "text":
+        raise OptionError(f"{', '.join(given)} apply to image batches; a text dataset's batches only move to "
+                          f"device={str(device)!r}")
+    if augment is not None and not callable(augment):
+        raise TypeError(f"augment should be a batched transform (images, indices, epoch, seed) -> images, e.g. "
+                        f"fastdata.loading.augment.RandomCrop; got {type(augment).__name__}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype should be a torch.dtype such as torch.float16, got {dtype!r}")
+    if memory_format is not None and not isinstance(memory_format, torch.memory_format):
+        raise TypeError(f"memory_format should be a torch.memory_format such as torch.channels_last, "
+                        f"got {memory_format!r}")
+    fuse_crop = "crop" in getattr(dataset, "read_options", ())
+    return DevicePipeline(device, augment=augment, normalize=_statistics(dataset, normalize), dtype=dtype,
+                          memory_format=memory_format, seed=seed, ahead=ahead, fuse_crop=fuse_crop)
+
+
+def _check_device(device):
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise OptionError(f"device should be 'cpu', 'cuda' or a torch.device, got device={device!r}") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise OptionError(f"device should be 'cpu' or 'cuda', got device={str(device)!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device={str(device)!r} but CUDA is not available here; pass device='cpu'")
+    return device
+
+
+def _statistics(dataset, normalize):
+    """Return ``(mean, std)`` for ``normalize``: False -> None, True -> the file's stored ones, else as given."""
+    if normalize is False or normalize is None:
+        return None
+    if normalize is True:
+        metadata = getattr(dataset, "metadata", None) or {}
+        mean, std = metadata.get("mean"), metadata.get("std")
+        if mean is None or std is None:
+            raise OptionError(f"normalize=True needs the mean and std a converter stores, and "
+                              f"{getattr(dataset, 'path', dataset)!r} has none; pass normalize=(mean, std) "
+                              "in [0, 1] units")
+        return mean, std
+    try:
+        mean, std = normalize
+    except (TypeError, ValueError) as exc:
+        raise OptionError(f"normalize should be True, False or (mean, std) per channel in [0, 1] units, "
+                          f"got normalize={normalize!r}") from exc
+    return mean, std

@@ -1,0 +1,315 @@
+"""make_loader(device=...): the device pipeline equals the plain path plus the same ops, on CPU and CUDA."""
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastdata import make_loader, open_dataset
+from fastdata.errors import OptionError
+from fastdata.loading.augment import CenterCrop, Compose, RandomCrop, RandomResizedCrop
+from fastdata.loading.device import HostBatch, make_pipeline
+from fastdata.loading.samplers import BatchIndexSampler
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+NUM_LABELED = 37  # a prime: the last batch is short for every batch size below
+
+
+class Recorder:
+    """A batched transform that returns its input and records every call's indices, epoch and seed."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, images, indices, epoch, seed):
+        self.calls.append((np.array(indices), epoch, seed, images.device))
+        return images
+
+
+def index_of_label(path):
+    """Return int64 ``[N]``: the index of the sample with each label (one sample per class)."""
+    labels = open_dataset(path).labels
+    lookup = np.empty(len(labels), dtype=np.int64)
+    lookup[labels] = np.arange(len(labels))
+    return lookup
+
+
+def by_hand(images, mean, std, dtype=torch.float32, memory_format=torch.preserve_format):
+    """The reference normalization: ``(x / 255 - mean) / std`` in float64, then ``dtype``."""
+    mean, std = (torch.tensor(v, dtype=torch.float64).view(1, -1, 1, 1) for v in (mean, std))
+    return ((images.to(torch.float64) / 255 - mean) / std).to(dtype, memory_format=memory_format)
+
+
+def epoch_batches(loader):
+    return [tuple(batch) for batch in loader]
+
+
+# ---------------------------------------------------------------- the CPU pipeline against the plain path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("memory_format", [None, torch.channels_last])
+def test_normalize_dtype_and_memory_format_equal_the_same_ops_by_hand(packed, dtype, memory_format):
+    dataset = open_dataset(packed)
+    mean, std = dataset.metadata["mean"], dataset.metadata["std"]
+    plain = epoch_batches(make_loader(dataset, 5, shuffle="uniform", seed=3))
+    moved = epoch_batches(make_loader(dataset, 5, shuffle="uniform", seed=3, device="cpu", normalize=True,
+                                      dtype=dtype, memory_format=memory_format))
+    assert len(moved) == len(plain)
+    for (images, labels), (ours, our_labels) in zip(plain, moved):
+        assert ours.dtype == dtype and ours.device.type == "cpu"
+        if memory_format is not None:
+            assert ours.is_contiguous(memory_format=memory_format)
+        torch.testing.assert_close(ours, by_hand(images, mean, std, dtype, memory_format or torch.preserve_format))
+        assert torch.equal(our_labels, labels)
+
+
+def test_normalize_defaults_to_float32_and_takes_an_explicit_mean_and_std(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    plain = epoch_batches(make_loader(dataset, 7))
+    moved = epoch_batches(make_loader(dataset, 7, device="cpu", normalize=(mean, std)))
+    for (images, _), (ours, _) in zip(plain, moved, strict=True):
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours, by_hand(images, mean, std))
+
+
+def test_without_ops_the_cpu_pipeline_is_the_plain_path(packed):
+    dataset = open_dataset(packed)
+    plain = epoch_batches(make_loader(dataset, 4, shuffle="uniform"))
+    moved = epoch_batches(make_loader(dataset, 4, shuffle="uniform", device="cpu"))
+    cast = epoch_batches(make_loader(dataset, 4, shuffle="uniform", device=torch.device("cpu"), dtype=torch.float16))
+    for (images, labels), (ours, our_labels), (half, _) in zip(plain, moved, cast, strict=True):
+        assert ours.dtype == torch.uint8 and torch.equal(ours, images) and torch.equal(our_labels, labels)
+        assert half.dtype == torch.float16 and torch.equal(half, images.to(torch.float16))  # a cast: 0..255
+
+
+# ---------------------------------------------------------------- the augmentation's indices, epoch and seed
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_augment_gets_each_batchs_global_indices_epoch_and_seed(labeled_files, num_workers):
+    path = labeled_files(NUM_LABELED)
+    lookup, recorder = index_of_label(path), Recorder()
+    loader = make_loader(open_dataset(path), 8, shuffle="uniform", seed=11, device="cpu", augment=recorder,
+                         num_workers=num_workers)
+    sampler = BatchIndexSampler(NUM_LABELED, 8, shuffle="uniform", seed=11)
+    for epoch in range(3):
+        recorder.calls.clear()
+        labels = [labels for _, labels in loader]
+        assert len(recorder.calls) == len(labels) == len(sampler)
+        for (indices, got_epoch, seed, device), batch_labels, expected in zip(recorder.calls, labels,
+                                                                             sampler.batches(epoch)):
+            assert (got_epoch, seed, device.type) == (epoch, 11, "cpu")
+            assert indices.tolist() == expected.tolist() == lookup[batch_labels.numpy()].tolist()
+    if num_workers:
+        loader.close()
+
+
+def test_a_plain_batch_sampler_gets_its_epochs_counted(labeled_files):
+    path, recorder = labeled_files(NUM_LABELED), Recorder()
+    loader = make_loader(open_dataset(path), batch_sampler=[[3, 1], [7]], device="cpu", augment=recorder)
+    for _ in range(2):
+        list(loader)
+    assert [(indices.tolist(), epoch) for indices, epoch, _, _ in recorder.calls] == \
+        [([3, 1], 0), ([7], 0), ([3, 1], 1), ([7], 1)]
+
+
+def test_augmentation_is_reproducible_and_differs_across_epochs(packed_files):
+    dataset = open_dataset(packed_files("arrow", "raw"))
+
+    def run(epochs):
+        loader = make_loader(dataset, 6, shuffle="uniform", seed=2, device="cpu",
+                             augment=RandomCrop(28, padding=4), normalize=True)
+        return [[images for images, _ in loader] for _ in range(epochs)]
+
+    first, again = run(2), run(2)
+    for ours, theirs in zip(first, again):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    assert first[0][0].shape[-2:] == (28, 28)
+    assert not all(torch.equal(a, b) for a, b in zip(*first))  # same batches? other crops each epoch
+
+
+def test_a_compose_runs_in_order_before_normalization(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    mean, std = dataset.metadata["mean"], dataset.metadata["std"]
+    augment = Compose(RandomCrop(30, padding=2), CenterCrop(24))
+    plain = make_loader(dataset, 5, shuffle="uniform", seed=4)
+    moved = make_loader(dataset, 5, shuffle="uniform", seed=4, device="cpu", augment=augment, normalize=True)
+    for (images, _), (ours, _), indices in zip(plain, moved, BatchIndexSampler(len(dataset), 5, shuffle=True, seed=4)):
+        torch.testing.assert_close(ours, by_hand(augment(images, indices, 0, 4), mean, std))
+
+
+# ---------------------------------------------------------------- batches held across steps
+
+
+@pytest.mark.parametrize("ops", [{}, {"augment": RandomCrop(8, padding=1)}, {"normalize": True}])
+@pytest.mark.parametrize("prefetch_factor", [0, 2])
+def test_held_batches_are_never_overwritten(labeled_files, ops, prefetch_factor):
+    """Keep every batch of three epochs; each still equals a fresh read of its samples afterwards."""
+    path = labeled_files(NUM_LABELED)
+    dataset, recorder = open_dataset(path), Recorder()
+    augment = Compose(recorder, ops["augment"]) if "augment" in ops else recorder
+    loader = make_loader(dataset, 4, shuffle="uniform", device="cpu", prefetch_factor=prefetch_factor,
+                         augment=augment, normalize=ops.get("normalize", False))
+    held = [batch for _ in range(3) for batch in loader]
+    gc.collect()
+    reference = open_dataset(path)
+    for (images, labels), (indices, epoch, seed, _) in zip(held, recorder.calls, strict=True):
+        expected, expected_labels = reference.read_batch(indices)
+        expected = augment.transforms[1](expected, indices, epoch, seed) if "augment" in ops else expected
+        if ops.get("normalize"):
+            expected = by_hand(expected, dataset.metadata["mean"], dataset.metadata["std"])
+        torch.testing.assert_close(images, expected, rtol=0, atol=1e-6)
+        assert torch.equal(labels, expected_labels)
+
+
+# ---------------------------------------------------------------- workers, resume, text
+
+
+@pytest.mark.parametrize("storage", ["raw", "jpeg"])
+def test_two_workers_give_the_batches_of_the_in_process_loader(packed_files, storage):
+    dataset = open_dataset(packed_files("hdf5", storage))
+    options = {"shuffle": "uniform", "seed": 5, "device": "cpu", "normalize": True, "dtype": torch.bfloat16,
+               "augment": RandomCrop(24, padding=3)}
+    in_process = make_loader(dataset, 5, **options)
+    workers = make_loader(dataset, 5, num_workers=2, **options)
+    try:
+        for _ in range(2):
+            for (images, labels), (theirs, their_labels) in zip(in_process, workers, strict=True):
+                assert torch.equal(images, theirs) and torch.equal(labels, their_labels)
+    finally:
+        workers.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resumed_pipeline_gives_the_remaining_batches(packed_files, num_workers):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    options = {"shuffle": "uniform", "seed": 9, "device": "cpu", "augment": RandomCrop(30, padding=2)}
+    loader = make_loader(dataset, 4, **options)
+    list(loader)  # epoch 0
+    batches = iter(loader)  # epoch 1: stop after two batches
+    next(batches), next(batches)
+    state = loader.state_dict()
+    remaining = list(batches)
+    resumed = make_loader(dataset, 4, num_workers=num_workers, **options)
+    resumed.load_state_dict(state)
+    again = list(resumed)
+    assert len(again) == len(remaining) > 0
+    for (images, labels), (theirs, their_labels) in zip(remaining, again):
+        assert torch.equal(images, theirs) and torch.equal(labels, their_labels)
+    if num_workers:
+        resumed.close()
+
+
+def test_text_batches_move_and_refuse_image_options(packed_text, text_fmt):
+    dataset = open_dataset(packed_text(text_fmt))
+    plain = epoch_batches(make_loader(dataset, 5, pad_to=40))
+    moved = epoch_batches(make_loader(dataset, 5, pad_to=40, device="cpu"))
+    for theirs, ours in zip(plain, moved, strict=True):
+        assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(theirs, ours))
+    for option in ({"augment": Recorder()}, {"normalize": True}, {"dtype": torch.float16}):
+        with pytest.raises(OptionError, match="apply to image batches; a text dataset"):
+            make_loader(dataset, 5, device="cpu", **option)
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_bad_options_are_refused_clearly(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    with pytest.raises(OptionError, match="run in the device pipeline: pass device="):
+        make_loader(dataset, 4, augment=Recorder(), normalize=True)
+    with pytest.raises(OptionError, match="device should be 'cpu' or 'cuda'"):
+        make_loader(dataset, 4, device="meta")
+    with pytest.raises(OptionError, match="device should be"):
+        make_loader(dataset, 4, device="gpu")
+    with pytest.raises(TypeError, match="augment should be a batched transform"):
+        make_loader(dataset, 4, device="cpu", augment="flip")
+    with pytest.raises(TypeError, match="dtype should be a torch.dtype"):
+        make_loader(dataset, 4, device="cpu", dtype="float16")
+    with pytest.raises(OptionError, match=r"normalize should be True, False or \(mean, std\)"):
+        make_loader(dataset, 4, device="cpu", normalize=0.5)
+    with pytest.raises(OptionError, match="dtype should be a floating dtype"):
+        make_loader(dataset, 4, device="cpu", normalize=True, dtype=torch.uint8)
+    if not torch.cuda.is_available():
+        with pytest.raises(OptionError, match="CUDA is not available here"):
+            make_loader(dataset, 4, device="cuda")
+
+
+class Unnormalized:
+    """A dataset with read_batch but no stored statistics."""
+
+    metadata = {"kind": "image"}
+    path = "plain.bin"
+
+    def __len__(self):
+        return 4
+
+    def read_batch(self, indices, pin_memory=False):
+        return torch.zeros((len(indices), 3, 2, 2), dtype=torch.uint8), torch.zeros(len(indices), dtype=torch.int64)
+
+
+def test_normalize_true_needs_stored_statistics():
+    with pytest.raises(OptionError, match="'plain.bin' has none; pass normalize=\\(mean, std\\)"):
+        make_loader(Unnormalized(), 2, device="cpu", normalize=True)
+    batches = list(make_loader(Unnormalized(), 2, device="cpu", normalize=([0.0] * 3, [1.0] * 3)))
+    assert [tuple(images.shape) for images, _ in batches] == [(2, 3, 2, 2)] * 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 9), ahead=st.integers(0, 4), epoch=st.integers(0, 2**40))
+def test_the_pipeline_yields_every_batch_once_in_order(batch, ahead, epoch):
+    """However far ahead copies are issued, every host batch comes out once, in order, with its indices."""
+    recorder = Recorder()
+    pipeline = make_pipeline(Unnormalized(), device="cpu", augment=recorder, ahead=ahead)
+    hosts = [HostBatch((torch.full((batch, 3, 2, 2), k, dtype=torch.uint8), torch.arange(batch)),
+                       np.arange(batch) + k, epoch) for k in range(5)]
+    out = list(pipeline.run(iter(hosts)))
+    assert [int(images[0, 0, 0, 0]) for images, _ in out] == list(range(5))
+    assert [(indices[0], got) for indices, got, _, _ in recorder.calls] == [(k, epoch) for k in range(5)]
+
+
+# ---------------------------------------------------------------- CUDA (skipped without)
+
+
+@CUDA
+@pytest.mark.parametrize("pin_memory", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_cuda_batches_arrive_on_the_device_and_equal_the_cpu_path(packed_files, pin_memory, num_workers):
+    dataset = open_dataset(packed_files("hdf5", "jpeg"))
+    options = {"shuffle": "uniform", "seed": 1, "augment": RandomCrop(28, padding=4), "normalize": True,
+               "memory_format": torch.channels_last}
+    cpu = [batch for _ in range(2) for batch in make_loader(dataset, 3, device="cpu", **options)]
+    loader = make_loader(dataset, 3, device="cuda", pin_memory=pin_memory, num_workers=num_workers, **options)
+    cuda = [batch for _ in range(2) for batch in loader]  # all held: pinned slots are reused many times meanwhile
+    torch.cuda.synchronize()
+    for (images, labels), (theirs, their_labels) in zip(cpu, cuda, strict=True):
+        assert theirs.device.type == "cuda" and their_labels.device.type == "cuda"
+        torch.testing.assert_close(theirs.cpu(), images)
+        assert torch.equal(their_labels.cpu(), labels)
+    if num_workers:
+        loader.close()
+
+
+@CUDA
+def test_cuda_text_batches_move_to_the_device(packed_text):
+    dataset = open_dataset(packed_text("hdf5"))
+    for plain, moved in zip(make_loader(dataset, 5), make_loader(dataset, 5, device="cuda"), strict=True):
+        assert all(t.device.type == "cuda" and torch.equal(t.cpu(), p) for p, t in zip(plain, moved, strict=True))
+
+
+# ---------------------------------------------------------------- the crop fused into JPEG decoding
+
+
+def test_random_resized_crop_on_raw_storage_runs_on_the_batch(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    crop = RandomResizedCrop(20)
+    loader = make_loader(dataset, 5, shuffle="uniform", device="cpu", augment=crop)
+    assert loader.pipeline.reader.crop is None and loader.pipeline.augment is crop
+    plain = make_loader(dataset, 5, shuffle="uniform")
+    for (images, _), (ours, _), indices in zip(plain, loader, BatchIndexSampler(len(dataset), 5, shuffle=True)):
+        assert torch.equal(ours, crop(images, indices, 0, 0))
