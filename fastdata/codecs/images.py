@@ -220,3 +220,86 @@ def jpeg_decoder_into():
     if _simplejpeg is not None:
         return _simplejpeg.decode_jpeg  # RGB is its default colorspace
     return lambda data, buffer: decode_jpeg(data, buffer)
+
+
+_TURBO_SCALES = (1, 2, 3, 4, 5, 6, 7, 8)  # libjpeg-turbo's DCT scales M/8 up to 1 (simplejpeg picks among them)
+_DRAFT_SCALES = (1, 2, 4, 8)  # Pillow's Image.draft: 1/8, 1/4, 1/2, 1
+
+
+def jpeg_size(data):
+    """Return ``(height, width)`` of JPEG ``data`` (any buffer) from its header, without decoding the pixels."""
+    if _simplejpeg is not None:
+        return tuple(_simplejpeg.decode_jpeg_header(data)[:2])
+    with Image.open(io.BytesIO(data)) as img:
+        return img.height, img.width
+
+
+def dct_scale(box, size, scales=None):
+    """Return ``M`` of the smallest DCT scale ``M/8`` at which ``box`` stays at least ``size``.
+
+    Args:
+        box: ``(top, left, height, width)`` in full-size pixels.
+        size: ``(height, width)`` of the output.
+        scales: the numerators to choose from, ascending (default: the
+            decoder's, 1..8 with simplejpeg, 1, 2, 4, 8 with Pillow).
+
+    Returns:
+        int: 8 (full size) when even that keeps the box below ``size``, which is then upscaled.
+    """
+    if scales is None:
+        scales = _TURBO_SCALES if _simplejpeg is not None else _DRAFT_SCALES
+    height, width = int(box[2]), int(box[3])
+    return next((m for m in scales if height * m >= 8 * size[0] and width * m >= 8 * size[1]), 8)
+
+
+def decode_jpeg_resized_crop(data, box, size, out=None):
+    """Decode the ``box`` of JPEG ``data`` resized to ``size``: uint8 ``[height, width, 3]``, into ``out`` if given.
+
+    The image is decoded at the smallest DCT scale that keeps the box at
+    least ``size`` (see dct_scale; libjpeg-turbo then skips most of the
+    inverse DCT and the colour conversion), the box is mapped onto the
+    scaled image in float coordinates and resized to ``size`` with Pillow's
+    bilinear filter (antialiased when it shrinks) in one call.
+
+    Args:
+        data: JPEG bytes (any buffer).
+        box: ``(top, left, height, width)`` in full-size pixels, inside the image.
+        size: ``(height, width)`` of the output.
+        out: uint8 ``[height, width, 3]`` array to write into.
+    """
+    top, left, height, width = (int(v) for v in box)
+    out_height, out_width = int(size[0]), int(size[1])
+    pixels, scale = _decode_scaled(data, dct_scale(box, size))
+    # Only the box and the filter's reach around it become a Pillow image (copying it all took 0.2 ms at 512x384).
+    reach_y, reach_x = 2 + int(height * scale / out_height), 2 + int(width * scale / out_width)
+    y0, x0 = max(0, int(top * scale) - reach_y), max(0, int(left * scale) - reach_x)
+    y1 = min(pixels.shape[0], int((top + height) * scale) + reach_y + 1)
+    x1 = min(pixels.shape[1], int((left + width) * scale) + reach_x + 1)
+    region = (left * scale - x0, top * scale - y0, min(x1, (left + width) * scale) - x0,
+              min(y1, (top + height) * scale) - y0)
+    img = Image.fromarray(np.ascontiguousarray(pixels[y0:y1, x0:x1]), "RGB")
+    resized = np.asarray(img.resize((out_width, out_height), Image.Resampling.BILINEAR, box=region))
+    if out is None:
+        return resized
+    out[...] = resized
+    return out
+
+
+def _decode_scaled(data, m):
+    """Return ``(uint8 [h, w, 3], scale)``: ``data`` decoded at the DCT scale ``m/8`` or, for tiny images, below it.
+
+    libjpeg-turbo decodes each 8x8 block to ``k x k`` pixels, so full-size
+    ``x`` lands at ``x * k / 8`` and a side of ``n`` pixels at ``ceil(n * k / 8)``.
+    simplejpeg takes the smallest ``k`` whose sides reach those of ``m``,
+    which is below ``m`` when the image is only a few pixels across.
+    """
+    if _simplejpeg is not None:
+        full_height, full_width = _simplejpeg.decode_jpeg_header(data)[:2]
+        height, width = -(-full_height * m // 8), -(-full_width * m // 8)
+        k = next(k for k in range(1, m + 1) if -(-full_height * k // 8) >= height and -(-full_width * k // 8) >= width)
+        return _simplejpeg.decode_jpeg(data, min_height=height, min_width=width), k / 8
+    with Image.open(io.BytesIO(data)) as img:
+        full_width, divisor = img.width, 8 // m  # m is 1, 2, 4 or 8 here: Pillow's draft scales 1/divisor
+        drafted = img.draft(None, (max(1, img.width // divisor), max(1, img.height // divisor)))
+        img.load()  # drafted[1] is the full image in scaled pixels: (0, 0, width / divisor, height / divisor)
+        return np.asarray(to_rgb(img)), 1.0 if drafted is None else drafted[1][2] / full_width
