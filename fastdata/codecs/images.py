@@ -278,10 +278,10 @@ def decode_jpeg_resized_crop(data, box, size, out=None):
     region = (left * scale - x0, top * scale - y0, min(x1, (left + width) * scale) - x0,
               min(y1, (top + height) * scale) - y0)
     img = Image.fromarray(np.ascontiguousarray(pixels[y0:y1, x0:x1]), "RGB")
-    resized = np.asarray(img.resize((out_width, out_height), Image.Resampling.BILINEAR, box=region))
+    resized = img.resize((out_width, out_height), Image.Resampling.BILINEAR, box=region)
     if out is None:
-        return resized
-    out[...] = resized
+        out = np.empty((out_height, out_width, 3), np.uint8)  # writable, as simplejpeg's arrays are
+    out[...] = np.asarray(resized)
     return out
 
 

@@ -4,7 +4,7 @@ import abc
 import itertools
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from fastdata._cpu import usable_cpus
-from fastdata.codecs.images import decode_jpeg, jpeg_decoder_into
+from fastdata.codecs.images import decode_jpeg, decode_jpeg_resized_crop, jpeg_decoder_into, jpeg_size
 from fastdata.errors import FormatError
 from fastdata.formats import Columns
 
@@ -185,6 +185,22 @@ class BufferPool:
             return array
 
 
+class ResizedCrop(NamedTuple):
+    """A random-resized-crop done while decoding JPEG rows: each row's box, resized to ``size``.
+
+    Attributes:
+        size: ``(height, width)`` of every row of the batch.
+        boxes: ``boxes(heights, widths)`` takes the full-size heights and
+            widths of the batch's rows (int64 ``[B]``) and returns their
+            boxes, int64 ``[B, 4]`` of ``(top, left, height, width)``, each
+            inside its image (e.g. RandomResizedCrop.boxes with its seed,
+            epoch and indices bound).
+    """
+
+    size: tuple[int, int]
+    boxes: Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
 class JpegImageDecoder(_ImageDecoder):
     """Images stored as JPEG bytes: decoded on a thread pool (the decoder frees the GIL).
 
@@ -196,7 +212,7 @@ class JpegImageDecoder(_ImageDecoder):
     NCHW strides where a model needs them).
     """
 
-    read_options = ("threads",)
+    read_options = ("threads", "crop")
 
     def __init__(self, metadata, path):
         super().__init__(metadata, path)
@@ -219,10 +235,18 @@ class JpegImageDecoder(_ImageDecoder):
             "the file is damaged, convert the source again"
         )
 
-    def batch_parts(self, parts, pin_memory=False, threads=None):
+    def max_batch_bytes(self, batch_size, crop=None, **options):
+        if crop is None:
+            return super().max_batch_bytes(batch_size)
+        return batch_size * self.sample_shape[0] * int(crop.size[0]) * int(crop.size[1])
+
+    def batch_parts(self, parts, pin_memory=False, threads=None, crop=None):
         """Decode a batch on ``threads`` threads, this one included (default: all cores; 1 in a DataLoader worker).
 
         The rows of every part share one pool of threads and one buffer.
+        With ``crop`` (a ResizedCrop), every row is decoded straight to its
+        box resized to ``crop.size`` (decode_jpeg_resized_crop): the boxes
+        are asked for once, from the sizes in the rows' JPEG headers.
 
         NOTE [shared row counter]: every thread takes the next undecoded row
         from one counter, so the threads finish within one image of each
@@ -238,16 +262,22 @@ class JpegImageDecoder(_ImageDecoder):
             sources += [memoryview(columns.samples)] * len(indices)
             starts += columns.offsets[indices].tolist()
             stops += columns.offsets[indices + 1].tolist()
+        boxes = None if crop is None else self._crop_boxes(crop, parts, sources, starts, stops)
+        if crop is not None:
+            height, width = (int(side) for side in crop.size)
         decoded = self._buffers.take((len(starts), height, width, channels), np.uint8)
         rows = itertools.count()  # next() is atomic under the GIL
 
         def decode_rows():  # the least Python per image: it runs under the GIL, between decodes
-            row, count, decode = None, len(starts), jpeg_decoder_into()
+            row, count, decode, size = None, len(starts), jpeg_decoder_into(), (height, width)
             try:
                 for row in rows:
                     if row >= count:
                         return
-                    decode(sources[row][starts[row] : stops[row]], buffer=decoded[row])
+                    if boxes is None:
+                        decode(sources[row][starts[row] : stops[row]], buffer=decoded[row])
+                    else:
+                        decode_jpeg_resized_crop(sources[row][starts[row] : stops[row]], boxes[row], size, decoded[row])
             except Exception as exc:
                 raise self._damaged(*_row_of(parts, row), exc) from exc
 
@@ -262,6 +292,19 @@ class JpegImageDecoder(_ImageDecoder):
             raise failures[0]
         images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]
         return (images.pin_memory() if pin_memory else images,)
+
+    def _crop_boxes(self, crop, parts, sources, starts, stops):
+        """Return ``crop.boxes`` of the batch's rows (a list of ``[top, left, height, width]``), given their sizes."""
+        sizes = np.empty((len(starts), 2), np.int64)
+        for row in range(len(starts)):
+            try:
+                sizes[row] = jpeg_size(sources[row][starts[row] : stops[row]])
+            except Exception as exc:
+                raise self._damaged(*_row_of(parts, row), exc) from exc
+        boxes = np.asarray(crop.boxes(sizes[:, 0], sizes[:, 1]))
+        if boxes.shape != (len(starts), 4):
+            raise ValueError(f"crop.boxes should return [B, 4] (top, left, height, width), got shape {boxes.shape}")
+        return boxes.astype(np.int64).tolist()
 
     def _helper_pool(self, size):
         """Return a thread pool of at least ``size`` threads (made once, grown when asked for more)."""

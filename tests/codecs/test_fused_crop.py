@@ -65,7 +65,7 @@ def test_fused_decode_is_the_full_decode_cropped_and_resized(backend, case, seed
     width, height, box, size = case
     data = photo_jpeg(width, height, seed)
     fused = decode_jpeg_resized_crop(data, box, size)
-    assert fused.shape == (*size, 3) and fused.dtype == np.uint8
+    assert fused.shape == (*size, 3) and fused.dtype == np.uint8 and fused.flags.writeable
     assert mean_error(fused, reference(data, box, size)) < MEAN_ERROR_MAX
 
 
