@@ -67,8 +67,7 @@ class RandomCrop:
     """Pad, crop a random ``size`` window and flip it horizontally with probability 1/2 (the CIFAR recipe).
 
     torchvision's RandomCrop(size, padding, fill) then RandomHorizontalFlip, batched: the top-left corner is
-    uniform over the padded image. uint8 stays uint8; the output keeps the input's dtype and is channels_last
-    in memory (the gather writes pixels with their channels together).
+    uniform over the padded image. The output keeps the input's dtype (uint8 stays uint8) and is contiguous.
 
     Args:
         size: output int or (height, width).
@@ -81,7 +80,7 @@ class RandomCrop:
         self.size, self.padding, self.flip, self.fill = _pair(size), _non_negative("padding", padding), flip, fill
 
     def __call__(self, images, indices, epoch, seed):
-        batch, _, height, width = _check_batch(images, indices)
+        batch, channels, height, width = _check_batch(images, indices)
         pad = self.padding
         out_h, out_w = self.size
         if height + 2 * pad < out_h or width + 2 * pad < out_w:
@@ -90,15 +89,16 @@ class RandomCrop:
         draws = sample_uniforms(seed, epoch, _numpy_indices(indices), 3)
         top = np.minimum(draws[:, 0] * (height + 2 * pad - out_h + 1), height + 2 * pad - out_h).astype(np.int64)
         left = np.minimum(draws[:, 1] * (width + 2 * pad - out_w + 1), width + 2 * pad - out_w).astype(np.int64)
-        flips = (draws[:, 2] < 0.5) & self.flip
-        cols = np.arange(out_w)
-        cols = left[:, None] + np.where(flips[:, None], out_w - 1 - cols, cols)  # see NOTE [batched augmentation]
-        rows = top[:, None] + np.arange(out_h)
-        padded = F.pad(images, (pad, pad, pad, pad), value=self.fill) if pad else images
-        device = images.device
-        rows, cols = torch.from_numpy(rows).to(device), torch.from_numpy(cols).to(device)
-        picked = padded[torch.arange(batch, device=device)[:, None, None], :, rows[:, :, None], cols[:, None, :]]
-        return picked.permute(0, 3, 1, 2)  # [B, h, w, C] -> [B, C, h, w], channels_last in memory
+        padded = images.new_full((batch, channels, height + 2 * pad, width + 2 * pad), self.fill)
+        padded[:, :, pad:pad + height, pad:pad + width] = images
+        # see NOTE [batched augmentation]: every window of the padded batch is a view; pick one per row
+        step_b, step_c, step_h, step_w = padded.stride()
+        starts = np.arange(batch) * step_b + top * step_h + left * step_w
+        windows = padded.as_strided((int(starts.max()) + 1, channels, out_h, out_w), (1, step_c, step_h, step_w))
+        out = windows[torch.from_numpy(starts).to(images.device)]
+        flips = torch.from_numpy((draws[:, 2] < 0.5) & self.flip).to(images.device)
+        out[flips] = out[flips].flip(-1)
+        return out
 
     def __repr__(self):
         return f"RandomCrop(size={self.size}, padding={self.padding}, flip={self.flip}, fill={self.fill})"
@@ -110,7 +110,7 @@ class RandomResizedCrop:
     torchvision's RandomResizedCrop (antialias=False) then RandomHorizontalFlip: ``boxes`` is its get_params,
     vectorised. ``__call__`` samples every box with one ``grid_sample`` (align_corners=False, coordinates
     clamped to the box as ``interpolate`` clamps them). uint8 input gives float32 in 0..255 units; float input
-    keeps its dtype. The output has the input's memory format.
+    keeps its dtype. The output is contiguous (Normalize gives it a memory format).
 
     Args:
         size: output int or (height, width).
@@ -176,8 +176,7 @@ class RandomResizedCrop:
         gx, gy = (torch.from_numpy(g).to(device=images.device, dtype=work.dtype) for g in (gx, gy))
         grid = torch.stack(torch.broadcast_tensors(gx[:, None, :], gy[:, :, None]), dim=-1)
         out = F.grid_sample(work, grid, mode="bilinear", padding_mode="border", align_corners=False)
-        out = out.to(images.dtype) if images.is_floating_point() else out
-        return out.contiguous(memory_format=_memory_format(images))
+        return out.to(images.dtype) if images.is_floating_point() else out
 
     def __repr__(self):
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, flip={self.flip})"
@@ -312,8 +311,3 @@ def _numpy_indices(indices):
         indices = indices.cpu().numpy()
     return np.asarray(indices, dtype=np.int64)
 
-
-def _memory_format(images):
-    if images.is_contiguous() or not images.is_contiguous(memory_format=torch.channels_last):
-        return torch.contiguous_format
-    return torch.channels_last

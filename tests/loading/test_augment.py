@@ -186,7 +186,7 @@ def test_random_crop_equals_pad_slice_and_flip_per_sample(height, width, size, p
     indices = np.array(indices, dtype=np.int64)
     images = uint8_batch(len(indices), height, width, channels_last=channels_last)
     out = RandomCrop(size, padding, fill=fill)(images, indices, 2, 9)
-    assert out.dtype == torch.uint8 and out.shape == (len(indices), 3, size, size)
+    assert out.dtype == torch.uint8 and out.shape == (len(indices), 3, size, size) and out.is_contiguous()
     assert torch.equal(out, random_crop_reference(images, indices, 2, 9, size, padding, fill))
 
 
@@ -208,7 +208,7 @@ def test_random_resized_crop_equals_crop_then_interpolate_per_sample(height, wid
     images = uint8_batch(len(indices), height, width, seed=len(indices), channels_last=channels_last)
     out = rrc(images, indices, 1, 3)
     assert out.dtype == torch.float32 and out.shape == (len(indices), 3, out_h, out_w)
-    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert out.is_contiguous()
     expected = resized_crop_reference(images, rrc.boxes(3, 1, indices, height, width), rrc.flips(3, 1, indices),
                                       (out_h, out_w))
     torch.testing.assert_close(out, expected, rtol=0, atol=RRC_TOLERANCE)
@@ -219,6 +219,9 @@ def test_random_resized_crop_keeps_a_float_dtype_and_its_row_results_stand_alone
     rrc = RandomResizedCrop(20)
     out = rrc(images, np.array([3, 7, 9]), 0, 0)
     assert out.dtype == torch.float64
+    half = rrc(images.half(), np.array([3, 7, 9]), 0, 0)  # computed in float32, returned in float16
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.double(), out, rtol=0, atol=0.25)  # 256 in float16: steps of 0.25
     torch.testing.assert_close(rrc(images[1:], np.array([7, 9]), 0, 0), out[1:], rtol=0, atol=1e-9)
     assert not torch.equal(rrc(images, np.array([3, 7, 9]), 1, 0), out)  # the next epoch crops elsewhere
 
