@@ -94,7 +94,8 @@ class RandomCrop:
         # see NOTE [batched augmentation]: every window of the padded batch is a view; pick one per row
         step_b, step_c, step_h, step_w = padded.stride()
         starts = np.arange(batch) * step_b + top * step_h + left * step_w
-        windows = padded.as_strided((int(starts.max()) + 1, channels, out_h, out_w), (1, step_c, step_h, step_w))
+        count = int(starts.max(initial=-1)) + 1  # windows up to the last one picked (none for an empty batch)
+        windows = padded.as_strided((count, channels, out_h, out_w), (1, step_c, step_h, step_w))
         out = windows[torch.from_numpy(starts).to(images.device)]
         flips = torch.from_numpy((draws[:, 2] < 0.5) & self.flip).to(images.device)
         out[flips] = out[flips].flip(-1)

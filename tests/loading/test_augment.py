@@ -299,3 +299,11 @@ def test_the_jpeg_decoders_channels_last_batches_go_through_the_imagenet_recipe(
     torch.testing.assert_close(out, recipe.transforms[1](expected), rtol=0, atol=RRC_TOLERANCE / 255 / 0.2)
     cifar = RandomCrop(images.shape[-1], padding=4)(images, indices, 0, 0)
     assert torch.equal(cifar, random_crop_reference(images, indices, 0, 0, images.shape[-1], 4))
+
+
+@pytest.mark.parametrize("transform", [RandomCrop(8), RandomResizedCrop(8), CenterCrop(8),
+                                       Compose(RandomResizedCrop(8), Normalize([0.5] * 3, [0.5] * 3))],
+                         ids=repr)
+def test_an_empty_batch_gives_an_empty_batch_of_the_output_size(transform):
+    out = transform(uint8_batch(0, 12, 12), np.zeros(0, dtype=np.int64), 0, 0)
+    assert out.shape == (0, 3, 8, 8)
