@@ -34,6 +34,7 @@ import torch
 
 from fastdata.errors import OptionError
 from fastdata.loading.augment import Compose, Normalize, RandomResizedCrop
+from fastdata.loading.decoders import ResizedCrop
 
 
 class HostBatch(NamedTuple):
@@ -58,11 +59,15 @@ class HostReader:
         """Return ``dataset.read_batch(indices, pin_memory, **options)`` as a HostBatch of ``epoch``."""
         options = options or {}
         if self.crop is not None:
-            from fastdata.loading.decoders import ResizedCrop
-
             boxes = functools.partial(self.crop.boxes, self.seed, epoch, indices)
             options = {**options, "crop": ResizedCrop(self.crop.size, boxes)}
         return HostBatch(dataset.read_batch(indices, pin_memory, **options), indices, epoch)
+
+    def max_batch_bytes(self, dataset, batch_size: int, options: dict) -> int:
+        """Return the most bytes of a batch of ``batch_size`` this reader reads: of the crop's size where fused."""
+        if self.crop is not None:
+            options = {**options, "crop": ResizedCrop(self.crop.size, None)}
+        return dataset.max_batch_bytes(batch_size, **options)
 
 
 class DevicePipeline:

@@ -184,7 +184,9 @@ def make_loader(
     largest = _largest_batch(sampler)
     slots = None
     if largest is not None:
-        slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, dataset.max_batch_bytes(largest, **options))
+        batch_bytes = (dataset.max_batch_bytes(largest, **options) if pipeline is None else
+                       pipeline.reader.max_batch_bytes(dataset, largest, options))
+        slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
     loader = WorkerLoader(
         _WholeBatches(dataset, slots, options, pipeline and pipeline.reader),
         batch_size=None,  # the sampler yields whole batches
