@@ -115,8 +115,10 @@ class RandomCrop:
         count = int(starts.max(initial=-1)) + 1  # windows up to the last one picked (none for an empty batch)
         windows = padded.as_strided((count, channels, out_h, out_w), (1, step_c, step_h, step_w))
         out = windows[torch.from_numpy(starts).to(images.device)]
-        flips = torch.from_numpy((draws[:, 2] < 0.5) & self.flip).to(images.device)
-        out[flips] = out[flips].flip(-1)
+        flipped = np.flatnonzero(draws[:, 2] < 0.5) if self.flip else []
+        if len(flipped):
+            rows = torch.from_numpy(flipped).to(images.device)  # row numbers, not a mask: no device sync
+            out[rows] = out[rows].flip(-1)
         return out
 
     def __repr__(self):
