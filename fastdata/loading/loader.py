@@ -408,6 +408,8 @@ class BatchLoader(_Resumable):
     Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``;
     ``packed_dataset`` is the dataset too, as on a WorkerLoader; resumable
     with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
+    With a ``pipeline`` (a DevicePipeline) batches are read as HostBatches
+    and leave through it (see NOTE [device pipeline] in device.py).
     """
 
     def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None):
