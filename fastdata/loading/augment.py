@@ -107,8 +107,11 @@ class RandomCrop:
         draws = sample_uniforms(seed, epoch, _numpy_indices(indices), 3)
         top = np.minimum(draws[:, 0] * (height + 2 * pad - out_h + 1), height + 2 * pad - out_h).astype(np.int64)
         left = np.minimum(draws[:, 1] * (width + 2 * pad - out_w + 1), width + 2 * pad - out_w).astype(np.int64)
-        padded = images.new_full((batch, channels, height + 2 * pad, width + 2 * pad), self.fill)
-        padded[:, :, pad:pad + height, pad:pad + width] = images
+        if pad:
+            padded = images.new_full((batch, channels, height + 2 * pad, width + 2 * pad), self.fill)
+            padded[:, :, pad:pad + height, pad:pad + width] = images
+        else:
+            padded = images.contiguous()
         # see NOTE [batched augmentation]: every window of the padded batch is a view; pick one per row
         step_b, step_c, step_h, step_w = padded.stride()
         starts = np.arange(batch) * step_b + top * step_h + left * step_w
