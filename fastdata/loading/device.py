@@ -167,13 +167,15 @@ class _CudaCopier:
 
     def __init__(self, device, slots):
         self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+        self.stream = None  # made on the first copy: making a loader does not start CUDA
         self._buffers = [[] for _ in range(slots)]  # slot -> flat pinned uint8 buffers, one per tensor of a batch
         self._events = [None] * slots  # slot -> event of its last copy
         self._next = 0
 
     def copy(self, tensors):
         """Issue the copies of ``tensors`` on the side stream; return ``(device tensors, event)``."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(device=self.device)
         slot, self._next = self._next, (self._next + 1) % len(self._buffers)
         if self._events[slot] is not None:
             self._events[slot].synchronize()  # see NOTE [pinned slots]: its last copy is done
