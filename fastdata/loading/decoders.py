@@ -16,6 +16,7 @@ from fastdata._cpu import usable_cpus
 from fastdata.codecs.images import decode_jpeg, decode_jpeg_resized_crop, jpeg_decoder_into, jpeg_size
 from fastdata.errors import FormatError
 from fastdata.formats import Columns
+from fastdata.loading.gather import address, gather_int64, row_positions
 
 
 class Part(NamedTuple):
@@ -35,19 +36,18 @@ class Parts(Sequence):
     NOTE [parts without objects]: a shuffled batch of 256 from a folder of
     ~32 shards has a part per shard. Making a Part (0.6 us) and a labels
     gather per part, then concatenating, cost about a tenth of the read rate;
-    the raw decoder and ``labels`` instead run one loop over (columns,
-    bounds) into preallocated arrays. Measured on 2 cores, read_batch of
-    sorted shuffled batches of 256 from 8,000 64 px raw samples in 250-sample
-    shards (32 parts a batch), as a ratio to the same batches from one file
-    (median of 15 rounds; 5 process pairs, old and new in turn): a list of
-    Part 0.67-0.74, this 0.74-0.78. A bare loop with no decoder around it
-    reached 0.83-0.86; the rest of the gap is per-part work either way.
+    the raw decoder runs one loop over (columns, bounds) into one
+    preallocated array, and ``labels`` gathers every part's labels in one
+    call (see NOTE [address-space gather] in gather.py) from the address of
+    each part's label column (``label_bases``, int64 ``[P]``: kept by the
+    shard store, or taken from the columns).
     """
 
-    __slots__ = ("columns", "indices", "bounds", "paths")
+    __slots__ = ("columns", "indices", "bounds", "paths", "_label_bases")
 
-    def __init__(self, columns, indices, bounds, paths):
+    def __init__(self, columns, indices, bounds, paths, label_bases=None):
         self.columns, self.indices, self.bounds, self.paths = columns, indices, bounds, paths
+        self._label_bases = label_bases
 
     @classmethod
     def of(cls, parts):
@@ -71,12 +71,23 @@ class Parts(Sequence):
     def num_rows(self):
         return self.bounds[-1]
 
+    @property
+    def label_bases(self):
+        """int64 ``[P]``: the ``address`` of each part's labels (see gather.py)."""
+        if self._label_bases is None:
+            self._label_bases = label_bases(self.columns)
+        return self._label_bases
+
     def labels(self):
         """Return the int64 labels ``[B]`` of the batch's rows."""
-        labels, bounds = np.empty(self.num_rows, np.int64), self.bounds
-        for columns, start, stop in zip(self.columns, bounds, bounds[1:]):
-            columns.labels.take(self.indices[start:stop], out=labels[start:stop], mode="clip")
-        return labels
+        if len(self.columns) == 1:  # one file: a take costs a third of the gather's address arithmetic
+            return self.columns[0].labels.take(self.indices, mode="clip")
+        return gather_int64(row_positions(self.label_bases, self.bounds, self.indices, 8))
+
+
+def label_bases(columns):
+    """Return int64 ``[P]``: the ``address`` of the label column of each of ``columns``."""
+    return np.array([address(c.labels) for c in columns], np.int64)
 
 
 class Decoder(abc.ABC):
@@ -147,7 +158,7 @@ class RawImageDecoder(_ImageDecoder):
         parts = Parts.of(parts)  # see NOTE [parts without objects]
         out = self._buffers.take((parts.num_rows, *self.sample_shape), np.uint8)
         indices, bounds = parts.indices, parts.bounds
-        for columns, start, stop in zip(parts.columns, bounds, bounds[1:]):  # each part into its rows of one buffer
+        for columns, start, stop in zip(parts.columns, bounds, bounds[1:]):  # see NOTE [address-space gather]
             # Indices are checked already; mode="clip" spares numpy a temporary copy.
             columns.samples.take(indices[start:stop], axis=0, out=out[start:stop], mode="clip")
         images = torch.from_numpy(out)

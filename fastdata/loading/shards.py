@@ -47,7 +47,7 @@ import numpy as np
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index, shard_differences
-from fastdata.loading.decoders import Parts
+from fastdata.loading.decoders import Parts, label_bases
 from fastdata.loading.readahead import advise_column, column_spans, hint_spans
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
@@ -105,6 +105,7 @@ class ShardStore:
         self._open = [None] * shards  # shard -> its Columns while open; see NOTE [shard cache arrays]
         self._used = np.zeros(shards, np.int64)  # shard -> the batch count when it was last read
         self._checked_at = np.full(shards, -np.inf)  # shard -> when its fingerprint was last compared
+        self._label_bases = np.zeros(shards, np.int64)  # shard -> the address of its open label column
         self._batches, self._held = 0, set()  # the numbers of the open shards
         self._lock, self._pid = threading.Lock(), os.getpid()
 
@@ -118,8 +119,9 @@ class ShardStore:
         cuts = np.flatnonzero(shards[1:] != shards[:-1]) + 1
         numbers = shards[np.concatenate(([0], cuts))]
         paths = self._paths
-        return Parts(self.columns(numbers), indices - self.index.starts[shards], [0, *cuts.tolist(), len(indices)],
-                     [paths[number] for number in numbers.tolist()])
+        columns, bases = self._columns_and_label_bases(numbers)
+        return Parts(columns, indices - self.index.starts[shards], [0, *cuts.tolist(), len(indices)],
+                     [paths[number] for number in numbers.tolist()], bases)
 
     def locate(self, index):
         """Return ``(columns, row, path)`` of global sample ``index`` (checked, non-negative)."""
@@ -137,6 +139,10 @@ class ShardStore:
         Closing the least recently used shard is an argmin over the open ones,
         paid only when a shard is opened (0.3-1.6 ms anyway).
         """
+        return self._columns_and_label_bases(shards)[0]
+
+    def _columns_and_label_bases(self, shards):
+        """Return ``columns(shards)`` and their ``label_bases`` (see Parts), taken together under the lock."""
         if self._pid != os.getpid():  # see NOTE [lazy open] in datasets.py
             self._reset()
         shards = np.asarray(shards, dtype=np.int64)
@@ -151,7 +157,8 @@ class ShardStore:
             for shard in shards[self._checked_at[shards] <= now - self.recheck_seconds].tolist():
                 self._check_unchanged(shard)
                 self._checked_at[shard] = now
-        return opened
+            bases = self._label_bases[shards]
+        return opened, bases
 
     def _only(self):
         """Return the Columns of a store of one shard: ``columns([0])`` without the arrays (one file: every read)."""
@@ -171,6 +178,7 @@ class ShardStore:
         columns = self._open[shard]
         if columns is None:  # not opened by an earlier part of this batch
             columns = self._open[shard] = self._open_shard(shard)
+            self._label_bases[shard] = label_bases([columns])[0]
             if self._advice is not None:
                 advise_column(columns.samples, self._advice)
             self._checked_at[shard] = time.monotonic()
@@ -279,7 +287,8 @@ class ShardStore:
         return self._cached[name]
 
     def __getstate__(self):
-        return {**self.__dict__, "_open": None, "_checked_at": None, "_lock": None, "_pid": None, "_cached": {}}
+        return {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None, "_pid": None,
+                "_cached": {}}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
