@@ -92,7 +92,7 @@ def make_loader(
             the dataset cannot stay in the page cache, else "uniform" (see
             NOTE [auto shuffle] in readahead.py; under torch.distributed,
             rank 0 chooses for all).
-        seed: base seed of the order (a non-negative int).
+        seed: base seed of the order and of ``augment`` (a non-negative int).
         drop_last: same as ``remainder="drop"``.
         remainder: the last, short global batch: "drop"; "pad" it by
             wrapping to the epoch's start; "partial" keeps it short, shared
@@ -112,7 +112,7 @@ def make_loader(
             "auto": as `fastdata tune` recommended for the dataset's file, or
             0 where it was not tuned (see NOTE [auto workers]).
         pin_memory: page-locked batches for fast GPU copies; default: only
-            where CUDA is available.
+            where CUDA is available and no ``device`` is given.
         prefetch_factor: batches read ahead (per worker with workers);
             default 2, or the tuned value with ``num_workers="auto"``.
         persistent_workers: keep worker processes between epochs.
@@ -188,7 +188,7 @@ def make_loader(
                        pipeline.reader.max_batch_bytes(dataset, largest, options))
         slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
     loader = WorkerLoader(
-        _WholeBatches(dataset, slots, options, pipeline and pipeline.reader),
+        _WholeBatches(dataset, slots, options, None if pipeline is None else pipeline.reader),
         batch_size=None,  # the sampler yields whole batches
         sampler=sampler,
         num_workers=num_workers,
@@ -622,6 +622,7 @@ class WorkerLoader(_Resumable, DataLoader):
     """
 
     pipeline = None
+    _steps = None
 
     @property
     def packed_dataset(self):
@@ -633,7 +634,7 @@ class WorkerLoader(_Resumable, DataLoader):
         # see NOTE [torch internals]: with a pipeline, the workers get (epoch, indices) to read a HostBatch
         if self.pipeline is None:
             return super()._index_sampler
-        if getattr(self, "_steps", None) is None:
+        if self._steps is None:
             self._steps = _Steps(self.sampler)
         return self._steps
 
