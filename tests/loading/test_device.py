@@ -145,6 +145,24 @@ def test_a_compose_runs_in_order_before_normalization(packed_files):
         torch.testing.assert_close(ours, by_hand(augment(images, indices, 0, 4), mean, std))
 
 
+def per_sample(loader, lookup, epochs=2):
+    """Return ``{(epoch, index): image}`` of every sample ``loader`` yields over ``epochs``."""
+    return {(epoch, int(lookup[label])): image for epoch in range(epochs) for images, labels in loader
+            for image, label in zip(images, labels.tolist())}
+
+
+def test_a_samples_augmentation_does_not_depend_on_rank_world_size_or_batch(labeled_files):
+    path = labeled_files(NUM_LABELED)
+    lookup, dataset = index_of_label(path), open_dataset(path)
+    options = {"shuffle": "uniform", "seed": 3, "device": "cpu", "augment": RandomResizedCrop(6), "drop_last": True}
+    alone = per_sample(make_loader(dataset, 8, **options), lookup)
+    ranks = {}
+    for rank in range(2):
+        ranks.update(per_sample(make_loader(dataset, 4, rank=rank, world_size=2, **options), lookup))
+    assert ranks.keys() == alone.keys() and len(alone) == 2 * 32
+    assert all(torch.equal(alone[key], ranks[key]) for key in alone)
+
+
 # ---------------------------------------------------------------- batches held across steps
 
 
