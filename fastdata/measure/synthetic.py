@@ -149,6 +149,117 @@ def _in_mode(img, mode):
     return img.convert(mode)
 
 
+# NOTE [learnable images]: class k is a shape (k % 5: disc, bar, triangle,
+# cross, ring) in a colour family (k // 5: warm, cool, green, violet hues), at
+# a random position, scale (50-80% of the shorter side) and rotation inside
+# the image's central square, so a centre crop keeps it; the background is a
+# desaturated photo-like field with a few thin lines of any hue and sensor
+# noise. The mean colour alone does not give the class: with 10 classes x 60
+# images (seed 0, validated on seed 1) a logistic regression on each image's
+# mean RGB reaches 0.31 and least squares 0.22 (chance 0.10); the training
+# example's small ResNet reaches > 0.9 (see examples/train_resnet.py).
+_SHAPES = ("disc", "bar", "triangle", "cross", "ring")
+_HUES = ((-0.06, 0.14), (0.50, 0.68), (0.25, 0.40), (0.74, 0.90))  # warm, cool, green, violet (0..1 turns)
+# (extension, mode) of the learnable images: kinds that keep the colour (no greyscale, no transparency).
+_COLOUR_KINDS = ((".jpg", "RGB"), (".png", "RGB"), (".jpg", "CMYK"), (".webp", "RGB"),
+                 (".jpg", "RGB"), (".png", "P"), (".bmp", "RGB"), (".tiff", "CMYK"))
+
+
+def make_learnable_imagefolder(root, num_classes=10, per_class=100, seed=0, sides=(40, 200), quality=90):
+    """Write an ImageFolder ``root/<shape>_<colour>/img_j.<ext>`` whose class a small CNN can learn; return ``root``.
+
+    The class decides the shape and the colour family of one object drawn on
+    a noisy photo-like background (see NOTE [learnable images]). Each side of
+    an image is drawn from ``sides`` (so aspect ratios run up to 1:5), and
+    the files cycle through JPEG (RGB, CMYK), PNG (RGB, P), WebP, BMP and
+    TIFF. Deterministic for a ``seed``.
+
+    Args:
+        root: folder to write (created).
+        num_classes: 1 to 20 classes: shape kind x colour family.
+        per_class: images per class.
+        seed: seed of every random draw.
+        sides: smallest and largest image side in pixels.
+        quality: JPEG and WebP quality.
+
+    Returns:
+        ``root`` as a str.
+
+    Example:
+        >>> make_learnable_imagefolder("shapes/train", per_class=100, seed=0)
+        >>> make_learnable_imagefolder("shapes/val", per_class=30, seed=1)
+    """
+    if not 1 <= num_classes <= len(_SHAPES) * len(_HUES):
+        raise ValueError(f"num_classes should be in 1..{len(_SHAPES) * len(_HUES)}, got num_classes={num_classes}")
+    if not 16 <= sides[0] <= sides[1]:
+        raise ValueError(f"sides should be (smallest, largest) with 16 <= smallest <= largest, got sides={sides}")
+    rng = np.random.default_rng(seed)
+    for label in range(num_classes):
+        folder = os.path.join(root, learnable_class_name(label))
+        os.makedirs(folder, exist_ok=True)
+        for index in range(per_class):
+            width, height = (int(side) for side in rng.integers(sides[0], sides[1] + 1, 2))
+            img = _draw_learnable(rng, label, width, height)
+            ext, mode = _COLOUR_KINDS[(label + index) % len(_COLOUR_KINDS)]
+            img = img.quantize(64) if mode == "P" else img.convert(mode)
+            img.save(os.path.join(folder, f"img_{index:05d}{ext}"), **({"quality": quality} if ext in (
+                ".jpg", ".webp") else {}))
+    return os.fspath(root)
+
+
+def learnable_class_name(label):
+    """Return the folder name of class ``label`` of make_learnable_imagefolder, e.g. ``"03_cross_warm"``."""
+    family = ("warm", "cool", "green", "violet")[label // len(_SHAPES)]
+    return f"{label:02d}_{_SHAPES[label % len(_SHAPES)]}_{family}"
+
+
+def _draw_learnable(rng, label, width, height):
+    """Return one RGB image of class ``label``: its shape in its colour family on a noisy background."""
+    field = rng.integers(0, 256, size=(3, 4, 3)).astype(np.float32)
+    field = 0.4 * field + 0.6 * field.mean(axis=2, keepdims=True)  # desaturated: the object owns the colour
+    field = 128 + 0.7 * (field - 128)
+    img = Image.fromarray(field.astype(np.uint8), "RGB").resize((width, height), Image.Resampling.BICUBIC)
+    draw = ImageDraw.Draw(img)
+    for _ in range(rng.integers(0, 3)):  # thin distractor lines of any hue
+        points = [tuple(int(v) for v in rng.integers(0, (width, height))) for _ in range(2)]
+        draw.line(points, fill=_colour(rng, rng.random()), width=int(rng.integers(1, 3)))
+    side = min(width, height)
+    radius = side * rng.uniform(0.25, 0.4)
+    centre = np.array([width, height]) / 2 + rng.uniform(-1, 1, 2) * (side / 2 - radius)
+    low, high = _HUES[label // len(_SHAPES)]
+    _draw_shape(draw, _SHAPES[label % len(_SHAPES)], centre, radius, rng.uniform(0, 2 * np.pi),
+                _colour(rng, rng.uniform(low, high) % 1.0))
+    pixels = np.asarray(img, dtype=np.float32) + rng.normal(0, rng.uniform(3, 12), (height, width, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
+
+
+def _colour(rng, hue):
+    """Return a saturated RGB colour of ``hue`` (0..1 turns) with a random saturation and value."""
+    hsv = np.array([[[hue * 255, rng.uniform(150, 255), rng.uniform(150, 255)]]], dtype=np.uint8)
+    return tuple(int(c) for c in np.asarray(Image.fromarray(hsv, "HSV").convert("RGB"))[0, 0])
+
+
+def _draw_shape(draw, shape, centre, radius, angle, colour):
+    """Draw ``shape`` of ``radius`` (pixels) around ``centre`` (x, y), turned by ``angle`` radians."""
+    x, y = centre
+    if shape in ("disc", "ring"):
+        box = (x - radius, y - radius, x + radius, y + radius)
+        draw.ellipse(box, fill=colour if shape == "disc" else None, outline=colour,
+                     width=0 if shape == "disc" else max(2, round(radius * 0.35)))
+        return
+    if shape == "bar":  # a 4:1 rectangle
+        outline = np.array([(1, 0.25), (-1, 0.25), (-1, -0.25), (1, -0.25)])
+    elif shape == "triangle":
+        outline = np.array([(np.cos(a), np.sin(a)) for a in np.arange(3) * 2 * np.pi / 3])
+    else:  # cross: a plus sign whose arms are a quarter of its width
+        t = 1 / 4
+        outline = np.array([(t, 1), (-t, 1), (-t, t), (-1, t), (-1, -t), (-t, -t), (-t, -1), (t, -1), (t, -t),
+                            (1, -t), (1, t), (t, t)])
+    turn = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    points = outline @ turn.T * radius + (x, y)
+    draw.polygon([tuple(p) for p in points.tolist()], fill=colour)
+
+
 _FUNCTION_WORDS = (
     "the a and of to is in it this that was as with for but on movie film not you are his have be one all at "
     "by an who they from so like her just about out if has what some there can more when very even my would "
