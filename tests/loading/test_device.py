@@ -82,7 +82,9 @@ def test_normalize_defaults_to_float32_and_takes_an_explicit_mean_and_std(packed
 def test_without_ops_the_cpu_pipeline_is_the_plain_path(packed):
     dataset = open_dataset(packed)
     plain = epoch_batches(make_loader(dataset, 4, shuffle="uniform"))
-    moved = epoch_batches(make_loader(dataset, 4, shuffle="uniform", device="cpu"))
+    loader = make_loader(dataset, 4, shuffle="uniform", device="cpu")
+    assert loader.pin_memory is False  # the pipeline pins into its own buffers where it copies to a GPU
+    moved = epoch_batches(loader)
     cast = epoch_batches(make_loader(dataset, 4, shuffle="uniform", device=torch.device("cpu"), dtype=torch.float16))
     for (images, labels), (ours, our_labels), (half, _) in zip(plain, moved, cast, strict=True):
         assert ours.dtype == torch.uint8 and torch.equal(ours, images) and torch.equal(our_labels, labels)
@@ -361,8 +363,9 @@ def test_a_leading_random_resized_crop_is_fused_into_jpeg_decoding(packed_files,
     loader = make_loader(open_dataset(path), 5, shuffle="uniform", seed=6, device="cpu", augment=augment)
     assert loader.pipeline.reader.crop is crop
     jpegs, sampler = stored_jpegs(path), BatchIndexSampler(len(loader.dataset), 5, shuffle=True, seed=6)
-    for epoch in range(2):
-        for (images, _), indices in zip(loader, sampler.batches(epoch), strict=True):
+    held = [list(loader) for _ in range(2)]  # flipped in place: each batch must be its own
+    for epoch, batches in enumerate(held):
+        for (images, _), indices in zip(batches, sampler.batches(epoch), strict=True):
             expected = fused_by_hand(jpegs, crop, indices, epoch, 6)
             expected = expected if then is None else then(expected)
             assert images.dtype == torch.float32 and torch.equal(images, expected)
