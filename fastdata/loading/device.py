@@ -177,35 +177,24 @@ class _CudaCopier:
     def __init__(self, device, slots):
         self.device = device
         self.stream = None  # made on the first copy: making a loader does not start CUDA
-        self._buffers = [[] for _ in range(slots)]  # slot -> flat pinned uint8 buffers, one per tensor of a batch
+        self.slots = StagingSlots(slots, _pinned)
         self._events = [None] * slots  # slot -> event of its last copy
-        self._next = 0
 
     def copy(self, tensors):
         """Issue the copies of ``tensors`` on the side stream; return ``(device tensors, event)``."""
         if self.stream is None:
             self.stream = torch.cuda.Stream(device=self.device)
-        slot, self._next = self._next, (self._next + 1) % len(self._buffers)
+        slot = self.slots.take()
         if self._events[slot] is not None:
             self._events[slot].synchronize()  # see NOTE [pinned slots]: its last copy is done
-        staged = [tensor if tensor.is_pinned() else self._stage(slot, k, tensor) for k, tensor in enumerate(tensors)]
+        staged = [tensor if tensor.is_pinned() else self.slots.stage(slot, k, tensor)
+                  for k, tensor in enumerate(tensors)]
         with torch.cuda.stream(self.stream):
             moved = [tensor.to(self.device, non_blocking=True) for tensor in staged]
             event = torch.cuda.Event()
             event.record(self.stream)
         self._events[slot] = event
         return moved, event
-
-    def _stage(self, slot, k, tensor):
-        """Copy ``tensor`` into pinned buffer ``k`` of ``slot`` (same shape and strides); return that view."""
-        buffers, nbytes = self._buffers[slot], tensor.numel() * tensor.element_size()
-        if len(buffers) <= k:
-            buffers.append(torch.empty(0, dtype=torch.uint8))
-        if buffers[k].numel() < nbytes:
-            buffers[k] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        strides = tensor.stride() if _dense(tensor) else _contiguous_strides(tensor.shape)
-        view = buffers[k][:nbytes].view(tensor.dtype).as_strided(tensor.shape, strides)
-        return view.copy_(tensor)
 
     def wait(self, tensors, event):
         """Make the consumer's stream wait for ``event`` and own ``tensors`` (see NOTE [copy stream])."""
@@ -214,6 +203,43 @@ class _CudaCopier:
         for tensor in tensors:
             tensor.record_stream(consumer)
         return tensors
+
+
+def _pinned(nbytes):
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+class StagingSlots:
+    """``count`` sets of host buffers, taken round-robin, each holding one batch (see NOTE [pinned slots]).
+
+    Args:
+        count: slots.
+        allocate: ``allocate(nbytes) -> uint8 tensor [nbytes]`` (page-locked for CUDA copies).
+    """
+
+    def __init__(self, count: int, allocate):
+        self._buffers = [[] for _ in range(count)]  # slot -> flat uint8 buffers, one per tensor of a batch
+        self._allocate = allocate
+        self._next = 0
+
+    def take(self) -> int:
+        """Return the next slot, round-robin; the caller makes sure its last use is over."""
+        slot, self._next = self._next, (self._next + 1) % len(self._buffers)
+        return slot
+
+    def stage(self, slot: int, k: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Copy ``tensor`` into buffer ``k`` of ``slot`` (grown as needed); return that view, same shape and strides.
+
+        A tensor with gaps in its memory (a slice) is staged contiguous.
+        """
+        buffers, nbytes = self._buffers[slot], tensor.numel() * tensor.element_size()
+        if len(buffers) <= k:
+            buffers.append(torch.empty(0, dtype=torch.uint8))
+        if buffers[k].numel() < nbytes:
+            buffers[k] = self._allocate(nbytes)
+        strides = tensor.stride() if _dense(tensor) else _contiguous_strides(tensor.shape)
+        view = buffers[k][:nbytes].view(tensor.dtype).as_strided(tensor.shape, strides)
+        return view.copy_(tensor)
 
 
 def _dense(tensor):

@@ -13,7 +13,7 @@ from fastdata.codecs.images import decode_jpeg_resized_crop, jpeg_size
 from fastdata.errors import OptionError
 from fastdata.formats import read_packed
 from fastdata.loading.augment import CenterCrop, Compose, RandomCrop, RandomResizedCrop
-from fastdata.loading.device import HostBatch, make_pipeline
+from fastdata.loading.device import HostBatch, StagingSlots, make_pipeline
 from fastdata.loading.samplers import BatchIndexSampler
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -380,3 +380,36 @@ def test_the_fused_crop_is_close_to_cropping_the_decoded_batch(packed_files):
     sampler = BatchIndexSampler(len(dataset), 6, shuffle=True)
     for (ours, _), (images, _), indices in zip(fused, plain, sampler, strict=True):
         assert (ours - crop(images, indices, 0, 0)).abs().mean() < 3  # measured 0.3-1.0 of 255 levels
+
+
+# ---------------------------------------------------------------- the staging slots of CUDA copies
+
+
+LAYOUTS = {
+    "contiguous": lambda t: t,
+    "channels_last": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "jpeg rows": lambda t: t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2),  # as JpegImageDecoder returns
+    "a slice": lambda t: t[:, :, ::2],
+}
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 9), st.integers(1, 9)), min_size=1, max_size=8),
+       layout=st.sampled_from(sorted(LAYOUTS)), count=st.integers(1, 4))
+def test_staging_slots_copy_batches_round_robin_without_touching_the_others(shapes, layout, count):
+    """Staged views equal their batch with its strides (dense layouts); a slot's buffers change only when it is
+    taken again, ``count`` batches later, and grow when a batch needs more."""
+    slots = StagingSlots(count, lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
+    staged = []
+    for n, (batch, height, width) in enumerate(shapes):
+        images = LAYOUTS[layout](torch.randint(0, 256, (batch, 3, height, width), dtype=torch.uint8))
+        labels = torch.arange(batch, dtype=torch.int64) + n
+        slot = slots.take()
+        assert slot == n % count
+        views = [slots.stage(slot, k, tensor) for k, tensor in enumerate((images, labels))]
+        assert torch.equal(views[0], images) and torch.equal(views[1], labels)
+        if layout != "a slice":
+            assert views[0].stride() == images.stride()
+        staged.append((views, images.clone(), labels.clone()))
+        for views, images, labels in staged[-count:]:  # the slots not taken again since: untouched
+            assert torch.equal(views[0], images) and torch.equal(views[1], labels)
