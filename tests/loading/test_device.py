@@ -228,12 +228,16 @@ def test_a_resumed_pipeline_gives_the_remaining_batches(packed_files, num_worker
         resumed.close()
 
 
-def test_text_batches_move_and_refuse_image_options(packed_text, text_fmt):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_text_batches_move_and_refuse_image_options(packed_text, text_fmt, num_workers):
     dataset = open_dataset(packed_text(text_fmt))
     plain = epoch_batches(make_loader(dataset, 5, pad_to=40))
-    moved = epoch_batches(make_loader(dataset, 5, pad_to=40, device="cpu"))
+    loader = make_loader(dataset, 5, pad_to=40, device="cpu", num_workers=num_workers)
+    moved = epoch_batches(loader)
     for theirs, ours in zip(plain, moved, strict=True):
         assert len(ours) == 3 and all(torch.equal(a, b) for a, b in zip(theirs, ours))
+    if num_workers:
+        loader.close()
     for option in ({"augment": Recorder()}, {"normalize": True}, {"dtype": torch.float16}):
         with pytest.raises(OptionError, match="apply to image batches; a text dataset"):
             make_loader(dataset, 5, device="cpu", **option)
