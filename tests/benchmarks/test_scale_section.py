@@ -100,6 +100,8 @@ def test_bounded_rows_read_evicted_files_from_disk_inside_the_cgroup(section):
             assert row["cgroup"]["max_usage"] <= row["cgroup"]["limit"] == SMALL["scale_cache_limit"]
             distinct = min(row.get("samples", data["num_samples"]), data["num_samples"]) * data["sample_bytes"]
             assert row["samples_per_s"] > 0 and row["process_bytes"] >= 0.9 * distinct  # evicted: read from disk
+        for row in data["rows"][1::2]:  # the loaders: img/s from the first batch on (NOTE [first batch apart])
+            assert 0 < row["first_batch_seconds"] < row["seconds"] and row["end_to_end_samples_per_s"] > 0
         for row in data["rows"][1::2]:
             assert 1 <= row["classes_per_batch"] <= min(scale.BATCH, 61) and row["order"]["shuffle"] == row["shuffle"]
             assert row["process_bytes"] <= row["disk_bytes"] * 1.01  # the device counts every process
