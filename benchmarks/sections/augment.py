@@ -22,7 +22,9 @@ Rows per recipe, on CPU, at one torch thread (see NOTE [one thread]):
 * batched again with a torch thread per usable CPU.
 
 A warm-up batch, then timed batches (each a new epoch, so new draws) until
-``repeats`` and ``min_seconds``; the row's figure is the median batch.
+``repeats`` and ``min_seconds``; the row's figure is the median batch. The
+process's CPU time per batch is kept too: at one thread it is the row's
+cost with other jobs' time left out (on a busy machine wall time is not).
 Each row runs in a fresh process (NOTE [fresh process per row] in fresh.py).
 --quick uses batches of 32 and 40 px to 32 px for the RRC recipes.
 """
@@ -81,17 +83,19 @@ def measure_row(recipe, kind, setup, threads):
     indices = torch.arange(setup["batch_size"], dtype=torch.int64).numpy()
     pipeline = pipeline_of(name, kind, size)
     pipeline(images, indices, 0, setup["seed"])  # warm-up
-    seconds = []
+    seconds, cpu_seconds = [], []
     while len(seconds) < setup["repeats"] or sum(seconds) < setup["min_seconds"]:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         out = pipeline(images, indices, len(seconds) + 1, setup["seed"])
         seconds.append(time.perf_counter() - started)
+        cpu_seconds.append(time.process_time() - cpu_started)
     assert out.shape == (setup["batch_size"], 3, size, size) and out.dtype == torch.float32
     batch = statistics.median(seconds)
     print(f"  augment {name} {kind} ({threads} threads): {setup['batch_size'] / batch:,.0f} samples/s", flush=True)
     return {"key": f"{name} {kind} {threads}", "recipe": name, "kind": kind, "threads": threads, "stored": stored,
             "size": size,
             "batch_size": setup["batch_size"], "batches": len(seconds), "batch_ms": batch * 1e3,
+            "cpu_ms": statistics.median(cpu_seconds) * 1e3,
             "samples_per_s": setup["batch_size"] / batch}
 
 
@@ -175,11 +179,11 @@ def table(rows):
     for row in rows:
         loop, plain = rates[row["recipe"], "per-sample", 1], rates[row["recipe"], "eval", 1]
         body.append((row["recipe"], f"{row['stored']} -> {row['size']}", row["kind"], row["threads"],
-                     f"{row['samples_per_s']:,.0f}", f"{row['batch_ms']:.1f}", f"{row['samples_per_s'] / loop:.2f}",
-                     f"{row['samples_per_s'] / plain:.2f}", row["batches"]))
-    headers = ["recipe", "px", "pipeline", "threads", "samples/s", "ms per batch", "vs per-sample loop",
-               "vs no augmentation", "batches"]
-    return markdown_table(headers, body, "lllrrrrrr")
+                     f"{row['samples_per_s']:,.0f}", f"{row['batch_ms']:.1f}", f"{row['cpu_ms']:.1f}",
+                     f"{row['samples_per_s'] / loop:.2f}", f"{row['samples_per_s'] / plain:.2f}", row["batches"]))
+    headers = ["recipe", "px", "pipeline", "threads", "samples/s", "ms per batch", "CPU ms per batch",
+               "vs per-sample loop", "vs no augmentation", "batches"]
+    return markdown_table(headers, body, "lllrrrrrrr")
 
 
 def text(results):

@@ -17,21 +17,25 @@ offset; an advanced index over rows and columns took 9 ms per batch of
 RandomResizedCrop samples every row's box (flip folded into the direction
 of its x positions) with one ``grid_sample``; CenterCrop is a slice.
 Measured on this 2-core machine while 3 other jobs ran (load 5), one torch
-thread, batches of 256 uint8 to normalized float32, samples/s (python
-benchmarks/run.py --only augment), batched against a per-image loop of the
-same tensor ops (torchvision-style) and against CenterCrop + Normalize:
-CIFAR 32 px crop+flip 21,318 vs 5,856 (3.6x; no augmentation 563,197);
-RRC 80 -> 64 px 2,708 vs 1,384 (2.0x; 8,897); RRC 256 -> 224 px 163 vs
-230 (0.7x; 706). At 224 px one CPU core spends most of the batch in
-``grid_sample`` (0.7 s of 1.0-1.5 s: a general gather per output pixel)
-and in turning the whole 256 px batch to float, where a loop converts only
-each crop and resizes it with ``interpolate``'s separable kernel. Resizing separably as
-two gathers and lerps (index_select of rows, transpose, index_select,
-lerp) was slower still: 2.98 s against 1.22 s a batch. The batched form
-is meant for GPUs (a few kernels per batch, not a few per image; not
-measured here, no GPU) and for jpeg files, where the
-crop is fused into decoding (decode_jpeg_resized_crop in codecs/images.py,
-decoding at a reduced DCT scale) and only the flip runs on the batch.
+thread, batches of 256 uint8 to normalized float32 (python
+benchmarks/run.py --only augment): CPU ms per batch, batched against a
+per-image loop of the same tensor ops (torchvision-style), and against
+no augmentation (CenterCrop + Normalize): CIFAR 32 px crop+flip 5.9 vs
+25.4 ms (4.3x fewer; wall 23,137 vs 5,015 samples/s; none 0.5 ms); RRC
+80 -> 64 px 51.6 vs 82.6 ms (1.6x; 3,259 vs 1,529 samples/s; none 12.5 ms);
+RRC 256 -> 224 px 739 vs 443 ms (0.6x; 161 vs 289 samples/s; none 156 ms).
+At 224 px one core spends most of the batch in ``grid_sample`` (a general
+gather per output pixel: 0.7 s alone, wall) and in turning the whole
+256 px batch to float, where the loop converts only each crop and resizes
+it with ``interpolate``'s separable kernel; resizing separably over the
+batch (index_select of rows, lerp, transpose, index_select, lerp) was
+slower still, 2.98 s against 1.22 s a batch. With 2 threads on the busy
+machine every batched row was slower than with one (CIFAR 1,888 samples/s;
+NOTE [one thread] in benchmarks/sections/augment.py). The batched form is
+meant for GPUs (a few kernels per batch, not a few per image; not measured
+here: no GPU) and for jpeg files, where the crop is fused into decoding
+(decode_jpeg_resized_crop in codecs/images.py) and only the flip runs on
+the batch.
 """
 
 import math

@@ -30,7 +30,7 @@ def test_every_recipe_has_every_row_measured(section):
     assert {kind for _, kind, _ in expected} == {"eval", "batched", "per-sample"}
     for row in section["rows"]:
         assert row["batch_size"] == section["batch_size"] == augment.QUICK_BATCH and row["batches"] >= 1
-        assert row["samples_per_s"] > 0 and row["batch_ms"] > 0
+        assert row["samples_per_s"] > 0 and row["batch_ms"] > 0 and row["cpu_ms"] > 0
         assert row["samples_per_s"] == pytest.approx(row["batch_size"] / row["batch_ms"] * 1e3)
 
 
