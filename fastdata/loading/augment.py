@@ -30,8 +30,9 @@ gather per output pixel: 0.7 s alone, wall) and in turning the whole
 it with ``interpolate``'s separable kernel; resizing separably over the
 batch (index_select of rows, lerp, transpose, index_select, lerp) was
 slower still, 2.98 s against 1.22 s a batch. With 2 threads on the busy
-machine every batched row was slower than with one (CIFAR 1,888 samples/s;
-NOTE [one thread] in benchmarks/sections/augment.py). The batched form is
+machine the batched rows ran at 1,888, 1,437 and 219 samples/s: slower than
+one thread at 32 and 64 px, faster at 224 px (NOTE [one thread] in
+benchmarks/sections/augment.py). The batched form is
 meant for GPUs (a few kernels per batch, not a few per image; not measured
 here: no GPU) and for jpeg files, where the crop is fused into decoding
 (decode_jpeg_resized_crop in codecs/images.py) and only the flip runs on
