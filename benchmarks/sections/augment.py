@@ -62,10 +62,11 @@ def kinds():
     return [(kind, 1) for kind in KINDS] + ([("batched", cpus)] if cpus > 1 else [])
 
 
-# NOTE [one thread]: the per-sample loop's ops are too small for torch's
-# intra-op threads (under its 32,768-element grain), so it runs on one core
-# whatever torch.get_num_threads() says; the batched ops split over threads.
-# Every kind is measured at 1 thread (as in a DataLoader worker), and the
+# NOTE [one thread]: at 32 and 64 px the per-sample loop's ops (3,072 to
+# 12,288 elements an image) are under torch's 32,768-element grain, so the
+# loop runs on one core whatever torch.get_num_threads() says, while the
+# batched ops split over threads. So every kind is measured at 1 thread
+# (as in a DataLoader worker, which torch sets to 1 thread), and the
 # batched pipeline again with a thread per usable CPU. On a busy machine the
 # threaded row suffers most: with 2 threads on 2 cores shared with 3 other
 # jobs, copying 786 KB (256 x 3 x 32 x 32 uint8) took 3.8 ms against 0.39 ms
