@@ -345,7 +345,11 @@ def _statistics(dataset, normalize):
         return mean, std
     try:
         mean, std = normalize
+        outside = np.any(np.abs(np.asarray(mean, dtype=np.float64)) > 1) or np.any(np.asarray(std, np.float64) > 1)
     except (TypeError, ValueError) as exc:
         raise OptionError(f"normalize should be True, False or (mean, std) per channel in [0, 1] units, "
                           f"got normalize={normalize!r}") from exc
+    if outside:  # 0..255 units, e.g. (123.7, 116.3, 103.5): the images would come out ~255x too small
+        raise OptionError(f"normalize's mean and std are in [0, 1] units (as torchvision's ToTensor gives), "
+                          f"got normalize={normalize!r}; divide them by 255")
     return mean, std

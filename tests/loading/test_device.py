@@ -260,6 +260,10 @@ def test_bad_options_are_refused_clearly(packed_files):
         make_loader(dataset, 4, device="cpu", dtype="float16")
     with pytest.raises(OptionError, match=r"normalize should be True, False or \(mean, std\)"):
         make_loader(dataset, 4, device="cpu", normalize=0.5)
+    with pytest.raises(OptionError, match=r"in \[0, 1\] units .* divide them by 255"):
+        make_loader(dataset, 4, device="cpu", normalize=((123.7, 116.3, 103.5), (58.4, 57.1, 57.4)))
+    with pytest.raises(OptionError, match="one value per channel and std > 0"):
+        make_loader(dataset, 4, device="cpu", normalize=((0.5,) * 3, (0.2, 0.0, 0.2)))
     with pytest.raises(OptionError, match="dtype should be a floating dtype"):
         make_loader(dataset, 4, device="cpu", normalize=True, dtype=torch.uint8)
     if not torch.cuda.is_available():
