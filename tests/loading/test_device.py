@@ -113,11 +113,15 @@ def test_augment_gets_each_batchs_global_indices_epoch_and_seed(labeled_files, n
         loader.close()
 
 
-def test_a_plain_batch_sampler_gets_its_epochs_counted(labeled_files):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_plain_batch_sampler_gets_its_epochs_counted(labeled_files, num_workers):
     path, recorder = labeled_files(NUM_LABELED), Recorder()
-    loader = make_loader(open_dataset(path), batch_sampler=[[3, 1], [7]], device="cpu", augment=recorder)
+    loader = make_loader(open_dataset(path), batch_sampler=[[3, 1], [7]], device="cpu", augment=recorder,
+                         num_workers=num_workers)
     for _ in range(2):
         list(loader)
+    if num_workers:
+        loader.close()
     assert [(indices.tolist(), epoch) for indices, epoch, _, _ in recorder.calls] == \
         [([3, 1], 0), ([7], 0), ([3, 1], 1), ([7], 1)]
 
