@@ -144,6 +144,7 @@ def make_loader(
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
+        ``pipeline`` (the DevicePipeline of ``device``, or None),
         ``state_dict`` and ``load_state_dict``: a WorkerLoader (a
         ``torch.utils.data.DataLoader``) when ``num_workers > 0``.
 
