@@ -315,7 +315,14 @@ class JpegImageDecoder(_ImageDecoder):
         boxes = np.asarray(crop.boxes(sizes[:, 0], sizes[:, 1]))
         if boxes.shape != (len(starts), 4):
             raise ValueError(f"crop.boxes should return [B, 4] (top, left, height, width), got shape {boxes.shape}")
-        return boxes.astype(np.int64).tolist()
+        boxes = boxes.astype(np.int64)
+        outside = (boxes[:, :2] < 0).any(1) | (boxes[:, 2:] < 1).any(1) | (boxes[:, :2] + boxes[:, 2:] > sizes).any(1)
+        if outside.any():  # the decode would clamp such a box silently
+            row = int(np.argmax(outside))
+            path, index = _row_of(parts, row)
+            raise ValueError(f"crop.boxes gave {tuple(boxes[row].tolist())} (top, left, height, width) for sample "
+                             f"{index} of {path!r}, outside its {sizes[row, 0]}x{sizes[row, 1]} image")
+        return boxes.tolist()
 
     def _helper_pool(self, size):
         """Return a thread pool of at least ``size`` threads (made once, grown when asked for more)."""

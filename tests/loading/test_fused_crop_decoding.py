@@ -97,6 +97,15 @@ def test_boxes_of_the_wrong_shape_are_refused(jpeg_file):
         ds.read_batch(np.arange(3), crop=ResizedCrop((8, 8), lambda h, w: np.zeros((3, 3), np.int64)))
 
 
+@pytest.mark.parametrize("box", [(-1, 0, 10, 10), (0, 0, 0, 10), (0, 0, STORED + 1, 10), (0, 90, 10, 7)])
+def test_a_box_outside_its_image_is_refused_naming_the_sample(jpeg_file, box):
+    ds = open_dataset(jpeg_file)
+    boxes = [(0, 0, STORED, STORED), box, (1, 2, 3, 4)]
+    with pytest.raises(ValueError, match=rf"crop.boxes gave \({', '.join(map(str, box))}\).*sample 7 of .*photos.*"
+                                         rf"outside its {STORED}x{STORED} image"):
+        ds.read_batch(np.array([2, 7, 9]), crop=ResizedCrop((8, 8), lambda h, w: np.array(boxes)))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("damage", ["header", "scan"])
 def test_a_damaged_stored_jpeg_names_the_file_and_the_sample(source_root, tmp_path, threads, damage):
