@@ -1,5 +1,7 @@
 """read_batch(crop=ResizedCrop(...)) on jpeg files: each row is its stored bytes through decode_jpeg_resized_crop."""
 
+from functools import partial
+
 import h5py
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from fastdata import open_dataset
 from fastdata.codecs.images import decode_jpeg_resized_crop
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
+from fastdata.loading.augment import RandomResizedCrop
 from fastdata.loading.decoders import JpegImageDecoder, ResizedCrop
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -131,3 +134,14 @@ def test_a_damaged_stored_jpeg_names_the_file_and_the_sample(source_root, tmp_pa
 def test_the_crop_is_a_read_option_of_jpeg_files_only(jpeg_file, packed_files):
     assert "crop" in open_dataset(jpeg_file).read_options and "crop" in JpegImageDecoder.read_options
     assert "crop" not in open_dataset(packed_files("hdf5", "raw")).read_options
+
+
+def test_random_resized_crop_boxes_as_the_loader_binds_them(jpeg_file):
+    ds, rrc = open_dataset(jpeg_file), RandomResizedCrop((40, 32))
+    indices = np.array([3, 11, 12, 20])
+    for epoch in (0, 1):
+        images = ds.read_batch(indices, crop=ResizedCrop(rrc.size, partial(rrc.boxes, 5, epoch, indices)))[0]
+        boxes = rrc.boxes(5, epoch, indices, np.full(4, STORED), np.full(4, STORED))
+        for row, (index, box) in enumerate(zip(indices.tolist(), boxes)):
+            want = decode_jpeg_resized_crop(stored_bytes(jpeg_file, index), box, rrc.size)
+            assert torch.equal(images[row].permute(1, 2, 0), torch.from_numpy(want))
