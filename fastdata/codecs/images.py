@@ -266,15 +266,16 @@ def decode_jpeg_resized_crop(data, box, size, out=None):
 
     NOTE [where the fused crop pays]: where the boxes are well above the output:
     torchvision-default boxes (scale 0.08-1) of photos stored at 512 px
-    decode at a mean scale of 0.58 for 112 px and 1.64x less CPU than a
-    full decode, then the same crop and resize (1.45 vs 2.38 ms per image;
-    2.05x the rate on 2 threads). To 224 px, or from 256 px, the boxes
+    decode at a mean scale of 0.58 for 112 px, with 1.70x less CPU than a
+    full decode, then the same crop and resize (1.38 vs 2.36 ms per image;
+    1.62x the rate on 2 busy cores). To 224 px, or from 256 px, the boxes
     mostly need the full size (mean scale 0.97-1.0), so both do the same
-    work: 0.91-1.03x, within this VM's noise. Resizing costs as much as
-    decoding: a 370 px box to 224 px took 1.42 ms in Pillow, the full
-    512x512 decode 1.36 ms (medians of one thread's CPU time). Measured by
-    benchmarks/sections/fusedcrop.py (256 photos, 5 interleaved rounds,
-    one thread's CPU time) on 2 cores at a load average of 5.
+    work: 0.91-1.05x, within this VM's noise (a rerun of 512 to 224 px:
+    2.83 vs 2.92 ms). Resizing costs as much as decoding: a 370 px box to
+    224 px took 1.42 ms in Pillow, the full 512x512 decode 1.36 ms. All
+    medians of one thread's CPU time, measured by
+    benchmarks/sections/fusedcrop.py (256 photos, 5 interleaved rounds) on
+    2 cores shared with other work (load average 3).
 
     Args:
         data: JPEG bytes (any buffer).
