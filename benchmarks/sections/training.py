@@ -38,9 +38,9 @@ SIZE = 32
 PADDING = 4
 BATCH_SIZE = 64
 WARMUP_STEPS = 3
-STEPS = 60  # --quick: 6
+STEPS = 100  # --quick: 10
 IMAGES = 2000  # --quick: 200
-PACKED_VS_MODEL_MIN = 0.90  # target: packed raw keeps 90% of the model-only img/s
+PACKED_VS_FOLDER_MIN = 1.25  # target: packed raw trains 1.25x as fast as the faster folder row
 
 
 def prepare(workdir, num_images, seed):
@@ -171,13 +171,16 @@ def row_specs(files):
 
 
 def targets_of(rows):
-    """Return the packed raw row's img/s against the model alone (see NOTE [training rows])."""
+    """Return the packed raw row's img/s against the faster folder row (see NOTE [training rows])."""
     model = next(row for row in rows if row["kind"] == "memory")
+    folder = max((row for row in rows if row["kind"] == "folder"), key=lambda row: row["samples_per_s"])
     packed = next(row for row in rows if row["key"].startswith("packed raw"))
-    return [{"name": "training example, packed raw 32 px: img/s vs the same steps on a batch in memory",
-             "value": packed["samples_per_s"] / model["samples_per_s"], "threshold": PACKED_VS_MODEL_MIN,
-             "info": f"{packed['samples_per_s']:,.0f} vs {model['samples_per_s']:,.0f} img/s; data-wait "
-                     f"{packed['data_wait']:.1%}"}]
+    return [{"name": "training example, 32 px: img/s from packed raw vs from the raw folder (faster of 0 and 2 "
+                     "workers)", "value": packed["samples_per_s"] / folder["samples_per_s"],
+             "threshold": PACKED_VS_FOLDER_MIN,
+             "info": f"{packed['samples_per_s']:,.0f} vs {folder['samples_per_s']:,.0f} img/s; data-wait "
+                     f"{packed['data_wait']:.1%} vs {folder['data_wait']:.1%}; model alone "
+                     f"{model['samples_per_s']:,.0f} img/s"}]
 
 
 def table(rows):

@@ -17,7 +17,7 @@ from benchmarks.sections import training  # noqa: E402
 from fastdata import open_dataset  # noqa: E402
 from fastdata.measure.baselines import load_resized  # noqa: E402
 
-pytestmark = pytest.mark.slow  # the quick section runs once for the module: ~25 s idle, ~55 s on a busy machine
+pytestmark = pytest.mark.slow  # the quick section runs once for the module: ~24 s idle, ~55 s on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,9 @@ def test_every_row_ran_the_same_steps_and_has_positive_figures(section):
 
 def test_the_target_table_and_text_report_the_rows(section):
     (target,) = [report.finish(t, "training") for t in section["targets"]]
-    model, packed = section["rows"][0], section["rows"][3]
-    assert target["value"] == pytest.approx(packed["samples_per_s"] / model["samples_per_s"])
-    assert target["threshold"] == training.PACKED_VS_MODEL_MIN and isinstance(target["pass"], bool)
+    folder = max(row["samples_per_s"] for row in section["rows"][1:3])
+    assert target["value"] == pytest.approx(section["rows"][3]["samples_per_s"] / folder)
+    assert target["threshold"] == training.PACKED_VS_FOLDER_MIN and isinstance(target["pass"], bool)
     assert section["text"].startswith("## Training example") and section["table"] in section["text"]
     for row in section["rows"]:
         assert row["key"] in section["table"]
