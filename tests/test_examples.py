@@ -43,6 +43,18 @@ def test_a_short_run_reports_every_epoch_and_writes_its_metrics(tmp_path):
     assert sorted(os.listdir(tmp_path / "work")) == ["train", "train-32px-raw.h5", "val", "val-32px-raw.h5"]
 
 
+def test_train_resnet_converts_image_folders_given_as_train_and_val(tmp_path):
+    from fastdata.measure.synthetic import make_learnable_imagefolder
+
+    train = make_learnable_imagefolder(tmp_path / "train", 2, 6, seed=0, sides=(40, 80))
+    val = make_learnable_imagefolder(tmp_path / "val", 2, 3, seed=1, sides=(40, 80))
+    run_example(TRAIN_RESNET, "--train", train, "--val", val, "--size", 16, "--storage", "jpeg", "--epochs", 1,
+                "--batch-size", 4, "--threads", 1, "--workdir", tmp_path / "work", "--json", tmp_path / "m.json")
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["train_samples"] == 12 and metrics["val_samples"] == 6
+    assert sorted(os.listdir(tmp_path / "work")) == ["train-16px-jpeg.h5", "val-16px-jpeg.h5"]
+
+
 @pytest.mark.slow  # two trainings of ~25-40 s each (data made once); seeds 0-4 reach 0.96-0.985 (NOTE [recipe])
 def test_train_resnet_learns_the_synthetic_shapes_and_repeats_itself(tmp_path):
     """>= 0.90 validation accuracy proves labels, augmentation and normalization right end to end.
