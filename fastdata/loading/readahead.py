@@ -50,7 +50,10 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import queue
 import sys
+import threading
+import weakref
 
 import numpy as np
 
@@ -64,6 +67,7 @@ _IOV_MAX = 1024  # ranges one process_madvise call takes (UIO_MAXIOV)
 _PROBES = 8  # ranges of a hint checked with mincore first; see NOTE [resident hints]
 QUIET_STEPS = 64  # the longest stretch of steps left unhinted while the data is resident; NOTE [resident hints]
 LOOKAHEAD = 4  # steps of a uniform order hinted ahead of the one read; see NOTE [read ahead]
+PENDING_HINTS = 64  # block hints queued for the hint thread before the reader waits; see NOTE [hint thread]
 BLOCK_BYTES = 256 << 10  # stored bytes per block of a block shuffle; see NOTE [block settings]
 WINDOW_BLOCKS = 1024  # blocks per window of a block shuffle; see NOTE [block settings]
 CACHE_SHARE = 0.8  # the share of available memory a dataset may fill and still count as cached; NOTE [auto shuffle]
@@ -255,11 +259,17 @@ class ReadAhead:
         self._drop = self.mode == "block" and choose_shuffle(dataset)[0] == "block"  # windows read: reclaim at once
         self._epoch, self._hinted, self._window, self._quiet = 0, 0, None, 0
         self._next, self._done = np.empty((0, 2), np.int64), 0  # the next window's ranges, how many hinted
+        self._hints = _HintThread() if self.mode == "block" else None
 
     def start(self, epoch: int, step: int) -> None:
         """Begin ``epoch`` at ``step``: hint what its first steps read."""
         self._epoch, self._hinted, self._window, self._quiet = epoch, step, None, 0
         self.advance(step)
+
+    def flush(self) -> None:
+        """Wait until every hint asked for so far was given (a block order gives them on a thread)."""
+        if self._hints is not None:
+            self._hints.flush()
 
     def advance(self, step: int) -> None:
         """Note that ``step``'s indices were just produced; hint what is read next."""
@@ -323,10 +333,10 @@ class ReadAhead:
         window = order.window_of(self._epoch, start)
         if window != self._window:
             if self._window is None:  # an epoch starts here: its current window too, at once
-                self.dataset.will_need(order.window_ranges(self._epoch, window))
+                self._hints.submit(self.dataset.will_need, order.window_ranges(self._epoch, window))
             else:  # the rest of this window, hinted as the next one; the last one read
-                self.dataset.will_need(self._next[self._done:])
-                self.dataset.done_with(order.window_ranges(self._epoch, self._window), drop=self._drop)
+                self._hints.submit(self.dataset.will_need, self._next[self._done:])
+                self._hints.submit(self.dataset.done_with, order.window_ranges(self._epoch, self._window), self._drop)
             last = (window + 1) * order.window >= order.num_blocks  # then the next epoch's first window
             self._next = order.window_ranges(self._epoch + last, 0 if last else window + 1)
             self._window, self._done = window, 0
@@ -334,8 +344,59 @@ class ReadAhead:
         progress = min(1.0, (start - self._window * span + (stop - start)) / span)  # of this window, after step
         due = min(len(self._next), int(np.ceil(progress * len(self._next))))
         if due > self._done:
-            self.dataset.will_need(self._next[self._done:due])
+            self._hints.submit(self.dataset.will_need, self._next[self._done:due])
             self._done = due
+
+    def __getstate__(self):
+        return {**self.__dict__, "_hints": None if self._hints is None else _HintThread()}
+
+
+class _HintThread:
+    """Give kernel hints on a thread of their own, in the order asked, at most PENDING_HINTS behind.
+
+    NOTE [hint thread]: a block order's hints (MADV_WILLNEED on a window's
+    blocks, MADV_COLD or PAGEOUT on the last) wait in the kernel while it
+    allocates and reclaims pages: given by the thread that reads the batches,
+    they took 4.3 s of a 15 s block read (1,233 calls, 3.5 ms each; 64 px
+    raw, 6.5 GB in a 1.5 GB cgroup, cProfile) and the copies waited behind
+    them. ctypes calls release the GIL, so on a thread of their own the
+    hints run while batches are copied. The same read, 15 s from a cold
+    cache in the cgroup, four pairs in turn on a quiet machine: 28.0k,
+    33.0k, 37.5k, 35.0k img/s with the hints given inline, 32.9k, 35.8k,
+    38.0k, 38.7k on this thread (every pair faster, +9% on average; the
+    disk sped up during the run). Hints are advice: one that fails (a
+    shard that will not open) is left for the read of its samples to raise.
+    The thread starts on first use in each process (a forked child has none)
+    and ends when its ReadAhead is collected.
+    """
+
+    def __init__(self):
+        self._tasks, self._pid = None, None
+
+    def submit(self, call, *args):
+        """Queue ``call(*args)``; wait first while PENDING_HINTS calls are queued."""
+        if self._pid != os.getpid():
+            self._tasks, self._pid = queue.Queue(PENDING_HINTS), os.getpid()
+            threading.Thread(target=_give_hints, args=(self._tasks,), daemon=True, name="fastdata-hints").start()
+            weakref.finalize(self, self._tasks.put, None)  # the thread ends with its ReadAhead
+        self._tasks.put((call, args))
+
+    def flush(self):
+        """Wait until every queued call has run."""
+        if self._pid == os.getpid():
+            self._tasks.join()
+
+
+def _give_hints(tasks):
+    """Run the calls of a _HintThread's queue until a None (its _HintThread was collected)."""
+    while (task := tasks.get()) is not None:
+        call, args = task
+        try:
+            call(*args)
+        except Exception:  # see NOTE [hint thread]: the read raises it with its context
+            pass
+        finally:
+            tasks.task_done()
 
 
 def runs(indices: np.ndarray) -> np.ndarray:

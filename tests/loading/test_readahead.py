@@ -1,10 +1,12 @@
 """Read-ahead: kernel hints put exactly the rows an order reads next into the page cache, and change no result."""
 
+import gc
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from support import column_regions, private_copy, wait_for
 
 from fastdata import open_dataset
+from fastdata.errors import FormatError
 from fastdata.formats import read_packed
 from fastdata.loading.order import EpochOrder
 from fastdata.loading.readahead import (
@@ -230,18 +233,23 @@ def test_a_block_read_ahead_hints_the_next_window_a_share_per_step(copied):
     assert np.isin(rows_of(order, 5, range(3, 6), 0, 1), samples_of(windows[1])).all()
     where.evict()
     read_ahead.start(epoch=5, step=4)  # window 1 at once, and 2 of window 2's 3 blocks (2 of its 3 steps done)
+    read_ahead.flush()  # block hints are given on a thread (NOTE [hint thread])
     where.check_exactly(np.concatenate([samples_of(windows[1]), samples_of(windows[2][:2])]))
     read_ahead.advance(5)  # the last step of window 1: all of window 2
+    read_ahead.flush()  # block hints are given on a thread (NOTE [hint thread])
     where.check_exactly(np.concatenate([samples_of(windows[1]), samples_of(windows[2])]))
     where.evict()
     read_ahead.advance(6)  # window 2 starts: the first of window 3's blocks, in file order
+    read_ahead.flush()  # block hints are given on a thread (NOTE [hint thread])
     where.check_exactly(samples_of(windows[3][:1]))
     for step in (7, 8):
         read_ahead.advance(step)
+    read_ahead.flush()  # block hints are given on a thread (NOTE [hint thread])
     where.check_exactly(samples_of(windows[3]))
     where.evict()
     for step in (9, 10, 11):  # the last window: the next epoch's first
         read_ahead.advance(step)
+    read_ahead.flush()  # block hints are given on a thread (NOTE [hint thread])
     where.check_exactly(samples_of(order.window_ranges(6, 0)))
 
 
@@ -333,3 +341,25 @@ def test_available_memory_is_bounded_by_the_cgroup_limit(tmp_path):
     room, where = out.split(maxsplit=1)
     assert where.strip() == "cgroup limit" and 0 < int(room) <= 300 << 20
     assert available_memory()[0] > 0
+
+
+def test_block_hints_run_on_one_thread_in_order_and_a_failing_one_stops_none(copied):
+    order = EpochOrder(len(copied), 2, shuffle="block", seed=3, block_size=2, window=3)
+    read_ahead = ReadAhead(copied, order)
+    seen, main = [], threading.get_ident()
+
+    def record(value):
+        seen.append((value, threading.get_ident()))
+        if value == 1:
+            raise FormatError("a shard that will not open")  # advice: dropped, the read raises it
+
+    for value in range(5):
+        read_ahead._hints.submit(record, value)
+    read_ahead.flush()
+    assert [value for value, _ in seen] == list(range(5))
+    assert len({thread for _, thread in seen}) == 1 and seen[0][1] != main
+    thread = [t for t in threading.enumerate() if t.ident == seen[0][1]][0]
+    del read_ahead
+    gc.collect()
+    thread.join(timeout=10)  # it ends with its ReadAhead
+    assert not thread.is_alive()
