@@ -28,6 +28,13 @@ NOTE [zygote] in fresh.py):
 * scale: 64 px raw and 224 px jpeg datasets bigger than the page cache of
   a memory cgroup (sequential limit, uniform and block shuffles), DDP on
   CPU (gloo, 1-4 ranks), resume and order at 10^7 and 10^8 samples.
+* augment: batched augmentation (fastdata.loading.augment) against the same
+  recipe per sample and against none, CIFAR and ImageNet recipes, on CPU;
+* fusedcrop: JPEG random-resized-crop decoded at a DCT scale against
+  decoding in full, then cropping;
+* training: the example ResNet's training loop (examples/train_resnet.py)
+  from a raw image folder against packed raw and jpeg files: img/s and
+  data-wait.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -46,7 +53,8 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     # Import the suite as benchmarks.*, from the repository: none of its modules shadows another.
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
-SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale")
+SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
+            "fusedcrop", "training")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
         "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
         "shard_compare": 10_000}

