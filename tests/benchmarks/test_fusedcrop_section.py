@@ -63,7 +63,8 @@ def test_bigger_stored_images_and_smaller_outputs_decode_at_smaller_scales(secti
 def test_targets_and_table_name_every_case(section):
     one_thread = [p for p in section["pairs"] if p["threads"] == 1]
     assert len(one_thread) == len(fusedcrop.STORED_SIZES) * len(fusedcrop.OUTPUT_SIZES)
-    assert [t["value"] for t in section["targets"]] == [p["speedup"] for p in one_thread]
+    reduced = [p for p in one_thread if p["mean_scale"] < fusedcrop.REDUCED_SCALE]  # the others: equal work
+    assert reduced and [t["value"] for t in section["targets"]] == [p["speedup"] for p in reduced]
     assert all(t["at_least"] and t["threshold"] == fusedcrop.FUSED_VS_FULL for t in section["targets"])
     lines = section["table"].splitlines()
     assert len(lines) == 2 + len(section["pairs"]) and "fused CPU ms/img" in lines[0]

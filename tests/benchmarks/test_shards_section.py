@@ -65,7 +65,8 @@ def test_the_small_shards_are_byte_identical_across_processes_and_engines(sectio
 
 def test_rss_is_read_from_the_driver_and_its_workers(section):
     for row in written(section):
-        assert row["driver_rss"] > 10 << 20 and row["total_rss"] >= row["driver_rss"] + row["worker_rss"]
+        # peaks of separate readings: the driver's may come after its workers ended, so only each bounds the total
+        assert row["driver_rss"] > 10 << 20 and row["total_rss"] >= max(row["driver_rss"], row["worker_rss"])
         if row["engine"] == "local" and row["workers"] == 2 and row["num_shards"] > 1:
             assert row["descendants"] >= 2 and row["worker_rss"] > 10 << 20
 
