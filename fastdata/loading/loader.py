@@ -39,6 +39,7 @@ from fastdata.loading.order import SHUFFLES
 from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
+from fastdata.loading.state import Resumable, Steps
 from fastdata.loading.transport import SharedSlots, SlotBatch
 
 
@@ -276,139 +277,12 @@ def _largest_batch(sampler):
     return None
 
 
-class _Steps:
-    """A batch sampler's batches as ``(epoch, indices)``: an EpochSampler's epoch, or epochs counted here.
-
-    The epoch goes with each batch to the device pipeline's augmentation (see NOTE [device pipeline]).
-    """
-
-    def __init__(self, sampler):
-        self.sampler, self.epochs = sampler, 0
-
-    def __iter__(self):  # a generator: the epoch is taken when the first batch is asked for, as the sampler's
-        if isinstance(self.sampler, EpochSampler):
-            epoch = self.sampler.epoch
-        else:
-            epoch, self.epochs = self.epochs, self.epochs + 1
-        for indices in self.sampler:
-            yield epoch, indices
-
-    def __len__(self):
-        return len(self.sampler)
-
-
-class _Resumable:
-    """``state_dict`` and ``load_state_dict`` of a loader over an EpochSampler.
-
-    NOTE [loader state]: the state names a position in the global order
-    (NOTE [global order] in order.py): the epoch and the samples of the
-    global steps whose batches this loader handed to the loop, counted as
-    they are yielded, not as they are read ahead (by the read-ahead thread,
-    the next epoch's first batch or workers). Resuming sets the sampler's
-    epoch and start step, O(1), and the next iteration continues there;
-    as the order depends on the global batch only, on any world size and
-    number of workers. The state also holds the settings that decide the
-    order and the dataset's fingerprint; a state whose settings differ
-    would continue another order, so it is refused.
-    """
-
-    sampler: EpochSampler
-    _position = None  # [epoch, steps handed] of the iteration in progress, or None between epochs
-
-    def _begin_epoch(self):
-        """Return ``[epoch, start step]`` of the epoch about to be iterated (None without an EpochSampler)."""
-        if isinstance(self.sampler, EpochSampler):
-            self._position = [self.sampler.epoch, self.sampler.start_step]
-            return self._position
-        return None
-
-    def _counted(self, batches, position):
-        """Yield ``batches``, counting in ``position`` those handed over; forget it at the epoch's end."""
-        if position is None:
-            yield from batches
-            return
-        for batch in batches:
-            position[1] += 1  # handed over once yielded: a state taken in the loop body counts this batch
-            yield batch
-        if self._position is position:  # not replaced by a later iteration or a load_state_dict
-            self._position = None
-
-    def state_dict(self) -> dict:
-        """Return where the loader stands, JSON-able: the epoch and samples consumed in it, and what decides the order.
-
-        Raises:
-            TypeError: the loader's batch sampler is not an EpochSampler.
-        """
-        sampler = self._epoch_sampler()
-        epoch, step = self._position or (sampler.epoch, sampler.start_step)
-        if step >= len(sampler):
-            epoch, step = epoch + 1, 0
-        return {"version": _STATE_VERSION, "dataset": _fingerprint(self.packed_dataset), **sampler.describe(),
-                "epoch": epoch, "samples_consumed": step * sampler.global_batch}
-
-    def load_state_dict(self, state: Mapping) -> None:
-        """Continue at the position of ``state`` (from ``state_dict``) with the next iteration, in O(1).
-
-        Raises:
-            TypeError: ``state`` is not a mapping, or the batch sampler not an EpochSampler.
-            ValueError: ``state`` is from another dataset or order settings, or malformed.
-        """
-        sampler = self._epoch_sampler()
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state should be a dict from loader.state_dict(), got {type(state).__name__}")
-        expected = {"version": _STATE_VERSION, "dataset": _fingerprint(self.packed_dataset), **sampler.describe()}
-        if sampler.num_samples % sampler.global_batch == 0:  # no short last batch: every remainder gives one order
-            del expected["remainder"]  # (a default that differs between one rank and more)
-        _check_state(state, expected)
-        epoch, consumed = state.get("epoch"), state.get("samples_consumed")
-        steps = consumed // sampler.global_batch if isinstance(consumed, int) else -1
-        if not isinstance(epoch, int) or epoch < 0 or not 0 <= steps <= len(sampler) or \
-                consumed != steps * sampler.global_batch:
-            raise OptionError(f"state has epoch={epoch!r} and samples_consumed={consumed!r}; expected an epoch >= 0 "
-                              f"and a multiple of the global batch ({sampler.global_batch}) up to "
-                              f"{len(sampler) * sampler.global_batch}; pass a dict from loader.state_dict()")
-        sampler.resume(epoch, steps)
-        self._position = None
-        self._next_epoch = None  # a next epoch's first batch read early is of another position
-
-    def _epoch_sampler(self):
-        if not isinstance(self.sampler, EpochSampler):
-            raise TypeError(f"a loader over a {type(self.sampler).__name__} cannot say where an epoch stands; "
-                            "make it with make_loader's own sampler or a BucketBatchSampler to checkpoint it")
-        return self.sampler
-
-
-_STATE_VERSION = 1
-
-
-def _fingerprint(dataset):
-    return getattr(dataset, "fingerprint", None)
-
-
-def _check_state(state, expected):
-    """Raise OptionError naming the first field of ``state`` that differs from ``expected``."""
-    for field, ours in expected.items():
-        saved = state.get(field)
-        if saved == ours:
-            continue
-        if field == "dataset":
-            advice = "resume over the dataset it was saved from (a copy of it is fine)"
-        elif field == "global_batch":
-            advice = f"make the loader with batch_size * world_size = {saved!r}"
-        elif field == "version":
-            advice = "save the state again with this version of fastdata"
-        else:
-            advice = f"make the loader with {field}={saved!r}"
-        raise OptionError(f"cannot resume from this state: its {field} is {saved!r}, this loader's is {ours!r}; "
-                          f"{advice}")
-
-
-class BatchLoader(_Resumable):
+class BatchLoader(Resumable):
     """Read batches in this process, ``prefetch_factor`` ahead on a background thread.
 
     Behaves like a DataLoader: iterable, ``len``, ``batch_size``, ``dataset``;
     ``packed_dataset`` is the dataset too, as on a WorkerLoader; resumable
-    with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
+    with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state] in state.py).
     With a ``pipeline`` (a DevicePipeline) batches are read as HostBatches
     and leave through it (see NOTE [device pipeline] in device.py).
     """
@@ -417,7 +291,7 @@ class BatchLoader(_Resumable):
         self.dataset = self.packed_dataset = dataset
         self.sampler = sampler
         self.pipeline = pipeline  # a DevicePipeline, or None
-        self._steps = _Steps(sampler)
+        self._steps = Steps(sampler)
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
@@ -430,7 +304,7 @@ class BatchLoader(_Resumable):
         return len(self.sampler)
 
     def __iter__(self):
-        position = self._begin_epoch()  # see NOTE [loader state]: taken before the sampler advances
+        position = self._begin_epoch()  # see NOTE [loader state] in state.py: taken before the sampler advances
         first, steps = self._take_next_epoch()
         batches = self._read(steps)
         if self.prefetch_factor > 0:
@@ -612,12 +486,12 @@ def _read_on_thread(batches, depth, at_end=None, first=None):
         thread.join()
 
 
-class WorkerLoader(_Resumable, DataLoader):
+class WorkerLoader(Resumable, DataLoader):
     """A DataLoader whose workers return whole batches through shared slots.
 
     See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
     Its ``dataset`` hands out whole batches; ``packed_dataset`` is the file's dataset.
-    Resumable with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state]).
+    Resumable with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state] in state.py).
     With a ``pipeline`` (a DevicePipeline) the workers read HostBatches and the
     pipeline runs here, on the batches as they arrive (see NOTE [device pipeline]).
     """
@@ -636,7 +510,7 @@ class WorkerLoader(_Resumable, DataLoader):
         if self.pipeline is None:
             return super()._index_sampler
         if self._steps is None:
-            self._steps = _Steps(self.sampler)
+            self._steps = Steps(self.sampler)
         return self._steps
 
     def __iter__(self):

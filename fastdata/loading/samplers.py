@@ -20,7 +20,7 @@ previous epoch (see NOTE [next epoch's first batch] in loader.py):
   ``set_epoch(epoch + 1)``;
 - ``describe()``: the settings that decide the batches, and
   ``global_batch``: samples per step over all ranks (for a loader's state,
-  NOTE [loader state] in loader.py).
+  NOTE [loader state] in state.py).
 """
 
 import abc
