@@ -1,4 +1,4 @@
-"""The page cache and the disk under a measurement: a memory cgroup bounding the cache, disk counters, sequential reads.
+"""The page cache and the disk under a measurement: a memory cgroup bounding the cache, disk counters, disk limits.
 
 NOTE [bounded page cache]: a dataset is "bigger than the page cache" when
 the cache a reader may fill is smaller than the data, not only when the file
@@ -15,13 +15,17 @@ from ``/proc/<pid>/io`` ``read_bytes`` (the process and its threads only).
 
 import os
 import subprocess
+import threading
 import time
+
+import numpy as np
 
 from fastdata.errors import FastdataError
 
 CGROUP_MEMORY = "/sys/fs/cgroup/memory"
 _SECTOR = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
 _READ_BLOCK = 4 << 20  # sequential reads: bytes per read call
+RANDOM_READ_THREADS = 32  # random reads in flight: the depth at which this machine's disk serves the most
 
 
 class CgroupError(FastdataError, OSError):
@@ -203,3 +207,38 @@ def sequential_read(paths, max_bytes=None, max_seconds=None):
                 if (max_bytes and done >= max_bytes) or (max_seconds and time.perf_counter() - started >= max_seconds):
                     return done, time.perf_counter() - started
     return done, time.perf_counter() - started
+
+
+def random_read(paths, read_bytes, max_seconds, threads=RANDOM_READ_THREADS, seed=0):
+    """Read ``read_bytes`` at random offsets of ``paths`` on ``threads`` threads for ``max_seconds``.
+
+    The rate at which the disk gives scattered samples of these files when
+    they are not cached: a uniform shuffle's limit, one read per sample.
+    Offsets are uniform over the files' bytes (a file by its size). Returns
+    ``(reads, seconds)``.
+    """
+    sizes = np.array([os.path.getsize(path) for path in paths], dtype=np.int64)
+    ends = np.cumsum(np.maximum(sizes - read_bytes, 0))
+    if not len(ends) or not ends[-1]:
+        raise ValueError(f"random_read: no file of {len(paths)} is longer than a read of {read_bytes} bytes")
+    fds = [os.open(path, os.O_RDONLY) for path in paths]
+    counts, started = [0] * threads, time.perf_counter()
+
+    def reader(k):
+        rng = np.random.default_rng([seed, k])
+        while time.perf_counter() - started < max_seconds:
+            for at in rng.integers(0, ends[-1], 64).tolist():  # 64 offsets per draw: few Python calls per read
+                shard = int(np.searchsorted(ends, at, side="right"))
+                os.pread(fds[shard], read_bytes, at - int(ends[shard - 1] if shard else 0))
+            counts[k] += 64
+
+    try:
+        workers = [threading.Thread(target=reader, args=(k,)) for k in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return sum(counts), time.perf_counter() - started

@@ -93,12 +93,15 @@ def section(workdir, data):
 def test_bounded_rows_read_evicted_files_from_disk_inside_the_cgroup(section):
     for data in section["cache"]:
         rows = data["rows"] + data["cached"]
-        assert [row.get("shuffle", row["what"]) for row in data["rows"]] == ["limit", "block", "limit", "uniform"]
+        assert [row.get("shuffle", row["what"]) for row in data["rows"]] == ["limit", "block", "limit", "uniform",
+                                                                             "random"]
         assert not [row["skipped"] for row in rows if "skipped" in row]
         for row in data["rows"]:
             assert row["drop"]["method"] and row["drop"]["resident_after"] < 0.01
             assert row["cgroup"]["max_usage"] <= row["cgroup"]["limit"] == SMALL["scale_cache_limit"]
             distinct = min(row.get("samples", data["num_samples"]), data["num_samples"]) * data["sample_bytes"]
+            if row["what"] == "random":  # offsets at random: some read twice (cached), so only some bytes
+                distinct = min(row["reads"], data["num_samples"]) * data["sample_bytes"] * 0.1
             assert row["samples_per_s"] > 0 and row["process_bytes"] >= 0.9 * distinct  # evicted: read from disk
         for row in data["rows"][1::2]:  # the loaders: img/s from the first batch on (NOTE [first batch apart])
             assert 0 < row["first_batch_seconds"] < row["seconds"] and row["end_to_end_samples_per_s"] > 0

@@ -14,6 +14,7 @@ from fastdata.measure.pagecache import (
     cgroup_problem,
     device_of,
     disk_read_bytes,
+    random_read,
     sequential_read,
 )
 
@@ -100,3 +101,14 @@ def test_without_a_cgroup_the_same_read_stays_cached(tmp_path):
     path = write_file(tmp_path / "big.bin", 64 * MB)
     sequential_read([path])
     assert page_residency(path) > 0.9  # the bound above is the group's, not the machine's
+
+
+def test_random_read_reads_samples_at_random_offsets_from_disk_until_the_time_is_up(tmp_path):
+    paths = [write_file(tmp_path / f"{k}.bin", size) for k, size in enumerate((8 * MB, 3 * MB, 100))]  # evicted
+    counter = ReadCounter(paths[0]).start()
+    reads, seconds = random_read(paths, 12288, max_seconds=0.3, threads=4)
+    _, process = counter.stop()
+    assert reads > 0 and reads % 64 == 0 and 0.3 <= seconds < 30
+    assert process >= 4096 * min(reads, 100)  # evicted: at least the first reads came from the disk
+    with pytest.raises(ValueError, match="longer than a read"):
+        random_read(paths[2:], 12288, max_seconds=0.1)
