@@ -63,7 +63,7 @@ def main():
     print(f"| {'-' * 45} | {'-' * 10} | ------------- |")
     for name, rate in rates.items():
         print(f"| {name:<45} | {rate:>10,.0f} | {rate / baseline:>12,.0f}x |")
-    print("\nFull benchmark (25-40 minutes on 2 cores): .venv/bin/python benchmarks/run.py")
+    print("\nFull benchmark (30-45 minutes on 2 cores): .venv/bin/python benchmarks/run.py")
 
 
 if __name__ == "__main__":
