@@ -3,6 +3,8 @@
 import io
 import multiprocessing
 import os
+import signal
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -53,6 +55,17 @@ def test_token_copy_epochs_count_every_sequence(packed_text, contiguous):
 def test_decode_epochs_decode_every_stored_jpeg(processes):
     with DecodeEpochs(jpeg_columns(9), 2, processes=processes) as run_epoch:
         assert run_epoch() == 9 == run_epoch()
+
+
+def test_decode_processes_end_under_a_parent_sigterm_handler_that_returns():
+    # NOTE [forked SIGTERM]: the autouse restore_sigterm fixture puts the runner's handler back
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    pool = DecodeEpochs(jpeg_columns(9), 2, processes=True)
+    assert pool() == 9
+    closing = threading.Thread(target=pool.close, daemon=True)
+    closing.start()
+    closing.join(timeout=60)
+    assert not closing.is_alive(), "Pool.terminate hung: a worker survived its SIGTERM"
 
 
 def test_decode_epochs_really_decode():
