@@ -240,10 +240,13 @@ class PackedDataset(Dataset):
     def _check_indices(self, indices):
         if indices.ndim != 1:
             raise ValueError(f"indices should be 1-D, got shape {indices.shape}")
-        if len(indices) and (indices.min() < -self._num_samples or indices.max() >= self._num_samples):
+        if not len(indices):
+            return indices
+        least = indices.min()
+        if least < -self._num_samples or indices.max() >= self._num_samples:
             bad = indices[(indices < -self._num_samples) | (indices >= self._num_samples)][0]
             raise IndexError(f"index {bad} is out of range for {self._num_samples} samples in {self.path!r}")
-        return np.where(indices < 0, indices + self._num_samples, indices)
+        return indices if least >= 0 else np.where(indices < 0, indices + self._num_samples, indices)
 
     def __getstate__(self):
         return {**self.__dict__, "_pid": None, "_decoder": None}

@@ -160,7 +160,7 @@ class RawImageDecoder(_ImageDecoder):
         indices, bounds = parts.indices, parts.bounds
         for columns, start, stop in zip(parts.columns, bounds, bounds[1:]):  # see NOTE [address-space gather]
             # Indices are checked already; mode="clip" spares numpy a temporary copy.
-            columns.samples.take(indices[start:stop], axis=0, out=out[start:stop], mode="clip")
+            columns.samples.take(indices[start:stop], 0, out[start:stop], "clip")
         images = torch.from_numpy(out)
         return (images.pin_memory() if pin_memory else images,)
 
