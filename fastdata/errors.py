@@ -45,3 +45,7 @@ class SourceError(FastdataError, ValueError):
 
 class MissingDependencyError(FastdataError, ImportError):
     """An optional package is needed for this feature and is not installed."""
+
+
+class RemoteError(FastdataError, OSError):
+    """A remote file (a URL) could not be read or written, after retrying what looked transient."""

@@ -355,3 +355,55 @@ def labeled_files(tmp_path_factory):
         return cache[num_samples, "shards"] if sharded else cache[num_samples]
 
     return get
+
+
+# ---------------------------------------------------------------- storage servers
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on a free loopback port (storage.servers.S3Server): ``.endpoint``, ``.env``,
+    ``.storage_options``, ``.bucket() -> "s3://<fresh bucket>"``. Skipped without moto or s3fs."""
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    from storage.servers import S3Server
+
+    server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """``s3_server`` with its AWS_* variables set, for code paths (and subprocesses) given no storage_options."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    return s3_server
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    """A plain HTTP server with Range support serving ``tmp_path`` (``.root``, ``.url``, ``.url_of(path)``)."""
+    from storage.servers import HTTPServer
+
+    server = HTTPServer(tmp_path)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def remote_shards(s3_server, sharded_reference):
+    """Return ``get(container="hdf5", storage="raw") -> (local folder, "s3://bucket/train")``: ``sharded_reference``
+    (about 5 shards) uploaded once per session to a fresh bucket of ``s3_server``; read-only."""
+    from storage.servers import upload
+
+    cache = {}
+
+    def get(container="hdf5", storage="raw"):
+        if (container, storage) not in cache:
+            local = sharded_reference(container, storage)
+            url = upload(local, s3_server.bucket() + "/train", s3_server.storage_options)
+            cache[container, storage] = local, url
+        return cache[container, storage]
+
+    return get

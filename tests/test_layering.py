@@ -20,6 +20,8 @@ FORBIDDEN = {
     "fastdata.formats": ("torch", "fastdata.codecs", "fastdata.converters", "fastdata.loading", "fastdata.measure"),
     "fastdata.codecs": ("torch", "fastdata.converters", "fastdata.loading", "fastdata.measure"),
     "fastdata.converters": ("torch", "fastdata.loading", "fastdata.measure"),
+    "fastdata.storage": ("torch", "fsspec", "fastdata.codecs", "fastdata.converters", "fastdata.loading",
+                         "fastdata.measure"),
     "fastdata.loading": ("fastdata.converters", "fastdata.measure"),
     "fastdata.errors": ("torch", "numpy", "fastdata.formats"),
     "fastdata._cpu": ("torch", "numpy"),

@@ -165,17 +165,32 @@ def read_index(root):
             f"{root!r} has no {INDEX_NAME}: not a finished shard folder. Finish the conversion "
             '(run it again with --resume), or run "fastdata index" once all its parts are done.'
         )
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_index(data, path, root)
+
+
+def parse_index(data, where, root):
+    """Parse and check the bytes of an ``index.json``; return a ShardIndex rooted at ``root``.
+
+    Args:
+        data: the index file's bytes.
+        where: the index file's path or URL, for messages.
+        root: the shard folder (or URL) the index describes.
+
+    Raises:
+        FormatError: the index is damaged, from a newer fastdata, or disagrees with itself.
+    """
     try:
-        with open(path, "rb") as f:
-            index = json.load(f)
+        index = json.loads(data)
     except ValueError as exc:
-        raise FormatError(f"{path!r} is not valid JSON; run \"fastdata index\" on its folder to rewrite it") from exc
-    _check_index(index, path)
+        raise FormatError(f"{where!r} is not valid JSON; run \"fastdata index\" on its folder to rewrite it") from exc
+    _check_index(index, where)
     shards = index["shards"]
     counts = np.array([shard["num_samples"] for shard in shards], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if starts[-1] != index["num_samples"] or any(s["start"] != int(b) for s, b in zip(shards, starts)):
-        raise FormatError(f"{path!r}: shard sample ranges do not add up to {index['num_samples']} samples")
+        raise FormatError(f"{where!r}: shard sample ranges do not add up to {index['num_samples']} samples")
     return ShardIndex(
         root=root,
         container=index["container"],

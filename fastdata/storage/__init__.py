@@ -1,0 +1,10 @@
+"""Shard folders at a URL (s3://, gs://, https://...): the index read remotely, shards cached locally.
+
+Sits beside ``formats/``: it imports formats and errors, and fsspec (the ``s3``
+extra) only inside the functions that reach a URL, so importing it is cheap.
+"""
+
+from fastdata.storage.retry import RETRY_ATTEMPTS, is_transient, retried
+from fastdata.storage.urls import filesystem, is_url, join, read_remote_index
+
+__all__ = ["RETRY_ATTEMPTS", "filesystem", "is_transient", "is_url", "join", "read_remote_index", "retried"]

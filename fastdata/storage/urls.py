@@ -1,0 +1,66 @@
+"""URLs of shard folders: telling them from local paths, their file system, their index."""
+
+import os
+import re
+
+from fastdata._optional import require
+from fastdata.errors import MissingDependencyError, NotFoundError
+from fastdata.formats.shards import INDEX_NAME, parse_index
+from fastdata.storage.retry import retried
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_EXTRAS = {"s3": "s3", "s3a": "s3"}  # scheme -> fastdata's extra that installs its backend
+
+
+def is_url(path):
+    """Return whether ``path`` (a str or PathLike) is a URL such as ``s3://bucket/train/`` rather than a local path."""
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        return False
+    text = os.fspath(path)
+    return isinstance(text, str) and bool(_SCHEME.match(text))
+
+
+def filesystem(url, storage_options=None):
+    """Return ``(fs, path)``: the fsspec file system of ``url`` and the path within it.
+
+    Args:
+        url: an fsspec URL, e.g. ``s3://bucket/train``.
+        storage_options: keywords for the file system (credentials, ``endpoint_url``...).
+
+    Raises:
+        MissingDependencyError: fsspec, or the backend of the URL's scheme, is not installed.
+    """
+    scheme = url.split("://", 1)[0].lower()
+    extra = _EXTRAS.get(scheme, "s3")
+    fsspec = require("fsspec", extra, f"reading {url!r}")
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as exc:  # fsspec names the backend package it lacks
+        hint = f"pip install 'fastdata[{extra}]'" if scheme in _EXTRAS else "install the fsspec backend it names"
+        raise MissingDependencyError(f"reading {url!r} needs a package for {scheme}://: {exc}; {hint}") from exc
+
+
+def join(url, name):
+    """Return the URL of file ``name`` in the folder ``url``."""
+    return url.rstrip("/") + "/" + name
+
+
+def read_remote_index(url, storage_options=None):
+    """Fetch and check ``url/index.json`` (retried); return a ShardIndex whose root is ``url`` without a final "/".
+
+    Raises:
+        NotFoundError: there is no index at ``url``.
+        FormatError: the index is damaged or from a newer fastdata.
+        RemoteError: the storage kept failing.
+    """
+    root = os.fspath(url).rstrip("/")
+    where = join(root, INDEX_NAME)
+    fs, path = filesystem(where, storage_options)
+    try:
+        data = retried(lambda: fs.cat_file(path), where)
+    except FileNotFoundError as exc:
+        raise NotFoundError(
+            f"{where!r} does not exist: {root!r} is not a finished shard folder. Check the URL, or finish the "
+            "conversion that writes it (run it again with --resume)."
+        ) from exc
+    return parse_index(data, where, root)
