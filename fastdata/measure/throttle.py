@@ -22,7 +22,8 @@ class _Bucket:
 
     def __init__(self, rate):
         self.rate = float(rate)
-        self.burst = max(_CHUNK, self.rate / 50)  # 20 ms of the rate may go at once
+        self.burst = self.rate / 50  # 20 ms of the rate may go at once
+        self.chunk = int(min(_CHUNK, max(1024, self.burst)))  # bytes written at a time: a smooth pace
         self._lock = threading.Lock()
         self._tokens, self._time = self.burst, time.monotonic()
 
@@ -179,9 +180,9 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD" or response.status in (204, 304):
             return
-        sent = 0
+        sent, step = 0, _CHUNK if self.proxy.bucket is None else self.proxy.bucket.chunk
         while sent < length:
-            chunk = body[sent : sent + _CHUNK] if body is not None else response.read(min(_CHUNK, length - sent))
+            chunk = body[sent : sent + step] if body is not None else response.read(min(step, length - sent))
             if not chunk:
                 break
             if self.proxy.bucket is not None:
