@@ -1,0 +1,129 @@
+"""Background threads that fetch the shards a reader wants next into its ShardCache."""
+
+import threading
+import weakref
+
+
+class _Schedule:
+    """What the fetching threads share: the wanted sequence, the consumer's place in it, what is done.
+
+    Holds no reference to the Prefetcher, so that the Prefetcher can be collected (and its finalizer
+    stop the threads) while they run.
+    """
+
+    def __init__(self, cache, ahead):
+        self.cache, self.ahead = cache, ahead
+        self.cond = threading.Condition()
+        self.sequence, self.position = [], 0
+        self.started, self.done = set(), set()
+        self.stopped = False
+
+    def want(self, shards):
+        with self.cond:
+            self.sequence = list(dict.fromkeys(int(shard) for shard in shards))
+            self.position = 0
+            self.started, self.done = set(), set()
+            self.cond.notify_all()
+
+    def advance(self, position):
+        with self.cond:
+            self.position = max(0, int(position))
+            self.cond.notify_all()
+
+    def next_shard(self):
+        """Return the next shard to fetch (waiting for one), or None once stopped."""
+        with self.cond:
+            while not self.stopped:
+                window = self.sequence[self.position : self.position + self.ahead]
+                for shard in window:
+                    if shard not in self.started:
+                        self.started.add(shard)
+                        return shard
+                self.cond.wait()
+            return None
+
+    def finished(self, shard, error):
+        with self.cond:
+            self.done.add(shard)
+            self.cond.notify_all()
+        if error is not None:
+            self.cache.defer_error(shard, error)
+
+    def stop(self):
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+
+def _fetch_wanted(schedule):
+    """A fetching thread: fetch the shards the schedule hands out until it stops."""
+    while (shard := schedule.next_shard()) is not None:
+        try:
+            schedule.cache.fetch(shard)
+        except Exception as exc:  # kept for the reader: see Prefetcher
+            schedule.finished(shard, exc)
+        else:
+            schedule.finished(shard, None)
+
+
+def _stop(schedule, threads):
+    schedule.stop()
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join()
+
+
+class Prefetcher:
+    """Keep the next ``ahead`` shards of a reader's sequence fetched into ``cache``, with ``threads`` threads.
+
+    The reader says which shards it will read, in order (``want``), and where
+    it is in that sequence (``advance``); the threads fetch the shards at
+    positions ``position`` to ``position + ahead - 1``, never further. An error
+    fetching a shard is not swallowed: the reader's next ``cache.fetch`` of that
+    shard in this process raises it. ``close`` (or collecting the Prefetcher)
+    stops the threads after their current fetch.
+
+    Args:
+        cache: the ShardCache to fill.
+        ahead: how many shards of the sequence, from the reader's position on, to keep fetched.
+        threads: parallel fetches.
+    """
+
+    def __init__(self, cache, ahead, threads=4):
+        if ahead < 0 or threads < 1:
+            raise ValueError(f"ahead should be >= 0 and threads >= 1, got ahead={ahead}, threads={threads}")
+        self.cache, self.ahead = cache, int(ahead)
+        self._schedule = _Schedule(cache, self.ahead)
+        self._threads = [threading.Thread(target=_fetch_wanted, args=(self._schedule,), daemon=True,
+                                          name=f"fastdata-prefetch-{n}") for n in range(threads)]
+        for thread in self._threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, _stop, self._schedule, self._threads)
+
+    def want(self, shards):
+        """Set the shards the reader reads next, in order (repeats after the first are dropped); position 0."""
+        self._schedule.want(shards)
+
+    def advance(self, position):
+        """Say that the reader is at ``position`` in the sequence (the shard it reads now)."""
+        self._schedule.advance(position)
+
+    def fetched(self):
+        """Return the set of shards of the current sequence fetched (or failed) so far."""
+        with self._schedule.cond:
+            return set(self._schedule.done)
+
+    def close(self):
+        """Stop the threads (after their current fetch) and wait for them."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        schedule = self._schedule
+        return (f"<Prefetcher ahead={self.ahead} threads={len(self._threads)}: position {schedule.position} of "
+                f"{len(schedule.sequence)} shards{', closed' if schedule.stopped else ''}>")
