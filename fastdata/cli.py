@@ -1,6 +1,8 @@
 """Command line: `fastdata convert | info | bench | tune` (thin wrappers over the library)."""
 
 import functools
+import json
+import os
 import re
 import signal
 import sys
@@ -17,7 +19,7 @@ from fastdata.converters.imagefolder import STORAGE_MODES
 from fastdata.converters.report import ON_ERROR
 from fastdata.converters.staging import check_output
 from fastdata.converters.textsources import SOURCE_FORMATS
-from fastdata.errors import FastdataError, OptionError
+from fastdata.errors import FastdataError, NotFoundError, OptionError
 from fastdata.formats.shards import CONTAINER_EXTENSIONS
 
 CONTAINERS = tuple(CONTAINER_EXTENSIONS)
@@ -49,6 +51,12 @@ def _conversion_options(work, bad_input):
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     return lambda command: functools.reduce(lambda command, option: option(command), reversed(options), command)
+
+
+_storage_option = click.option(
+    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE",
+    help="URL OUT: an fsspec storage option (endpoint_url=..., anon=true, profile=...); repeatable. "
+         "Credentials default to fsspec's own (environment variables, config files).")
 
 
 class _ByteSize(click.ParamType):
@@ -102,20 +110,23 @@ def convert():
 @click.option("--resume", is_flag=True, help="Shard folder OUT: finish an interrupted conversion, keeping its shards.")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Shard folder OUT: convert on the Dask cluster of this scheduler (tcp://HOST:8786); "
-                   "OUT must be a folder its workers see.")
+                   "OUT must be a folder its workers see, or a URL they reach.")
 @click.option("--part", default=None, metavar="I/N",
               help="Shard folder OUT: write only part I of N (shards k with k % N == I); the last part to "
                    "finish writes the index.")
+@_storage_option
 @_reports_errors
 def convert_imagefolder_command(src, out, size, resize, resample, storage, quality, workers, on_error, overwrite,
-                                quiet, container, shard_size, resume, dask_address, part):
+                                quiet, container, shard_size, resume, dask_address, part, storage_options):
     """Pack the ImageFolder tree SRC (SRC/<class>/<image>) into OUT: a .h5/.hdf5/.arrow file, or a shard folder.
 
     Any OUT without one of those extensions is a shard folder: shard files of
-    about --shard-size bytes and index.json.
+    about --shard-size bytes and index.json. A URL OUT (s3://bucket/train/, any
+    fsspec URL) is a shard folder there: each shard is uploaded as it is
+    finished, index.json last.
     """
     from fastdata.converters import convert_imagefolder
-    from fastdata.converters.shards import dask_client
+    from fastdata.converters.parallel import dask_client
 
     client = dask_client(dask_address) if dask_address else None
     try:
@@ -123,7 +134,7 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
             src, out, size=_parse_size(size), resize=resize, resample=resample, storage=storage, quality=quality,
             workers=workers, on_error=on_error, overwrite=overwrite, progress=not quiet, format=container,
             shard_size=shard_size, resume=resume, executor=client,
-            part=_parse_part(part),
+            part=_parse_part(part), storage_options=_parse_storage_options(storage_options),
         )
     finally:
         if client is not None:
@@ -164,10 +175,11 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
               help="Start again: a text conversion cannot resume (its vocabulary needs every text), and an "
                    "interrupted one left nothing behind.")
 @_conversion_options("Tokenizing", "an unusable input (not UTF-8, empty, missing field, bad label)")
+@_storage_option
 @_reports_errors
 def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html,
                          source_format, text_field, label_field, no_labels, unsup, container, shard_size, resume,
-                         workers, on_error, overwrite, quiet):
+                         workers, on_error, overwrite, quiet, storage_options):
     """Tokenize the text corpus SRC once into OUT: a .h5, .hdf5 or .arrow file, or else a shard folder.
 
     SRC is a folder SRC/<label>/<sample>.txt (e.g. aclImdb/train), a .csv/.tsv
@@ -185,6 +197,7 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
         lowercase=lowercase, strip_html=strip_html, source_format=source_format, text_field=text_field,
         label_field=None if no_labels else label_field, include_unsup=unsup, workers=workers, on_error=on_error,
         overwrite=overwrite, progress=not quiet, format=container, shard_size=shard_size,
+        storage_options=_parse_storage_options(storage_options),
     )
     click.echo(str(report))
 
@@ -308,6 +321,25 @@ def _parse_part(text):
     return int(match[1]), int(match[2])
 
 
+_TEXT_OPTIONS = ("key", "secret", "token", "password", "username", "profile")  # kept as given, even "0123"
+
+
+def _parse_storage_options(pairs):
+    """Return ``("KEY=VALUE", ...)`` as a dict, each VALUE read as JSON where it is (true, 3, {...}); None if empty."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise OptionError(f"--storage-option should be KEY=VALUE (e.g. endpoint_url=http://host:9000), "
+                              f"got {pair!r}")
+        try:
+            options[key] = value if key in _TEXT_OPTIONS else json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options or None
+
+
 def _parse_size(text):
     parts = text.lower().split("x")
     try:
@@ -320,16 +352,21 @@ def _parse_size(text):
 
 
 @main.command("index")
-@click.argument("root", type=click.Path(file_okay=False, exists=True))
+@click.argument("root", type=click.Path(file_okay=False))
+@_storage_option
 @_reports_errors
-def index_command(root):
-    """Write ROOT/index.json of a shard folder whose parts (--part i/n) have all finished.
+def index_command(root, storage_options):
+    """Write ROOT/index.json of a shard folder (or URL) whose parts (--part i/n) have all finished.
 
     Names the shards that are not finished yet, if any.
     """
     from fastdata.converters.shards import index_shards
+    from fastdata.converters.upload import remote_output
 
-    metadata = index_shards(root)
+    remote = remote_output(root, _parse_storage_options(storage_options), folder=True)
+    if remote is None and not os.path.isdir(root):
+        raise NotFoundError(f"{root!r} is not a folder; give the shard folder the parts wrote")
+    metadata = index_shards(root if remote is None else remote.worker_root(), remote=remote)
     click.echo(f"wrote {root.rstrip('/') or '/'}/index.json: {metadata['num_samples']} samples")
 
 

@@ -24,6 +24,7 @@ from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
 from fastdata.converters.shards import container_of, is_folder_output
 from fastdata.converters.staging import allocated_memmap, staged_output
+from fastdata.converters.upload import remote_output
 from fastdata.errors import OptionError, SourceError
 from fastdata.formats import Columns, write_packed
 
@@ -182,6 +183,7 @@ def convert_imagefolder(
     resume: bool = False,
     executor: object | None = None,
     part: tuple[int, int] | None = None,
+    storage_options: dict | None = None,
 ) -> ConversionReport:
     """Preprocess an image folder once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.
 
@@ -190,6 +192,8 @@ def convert_imagefolder(
         out: output path; its extension picks the format. Any other path is a
             shard folder (see fastdata.converters.shards): shard files of about
             ``shard_size`` bytes in the container ``format``, and ``index.json``.
+            A URL (``s3://bucket/train/``, any fsspec URL) is a shard folder
+            there: each shard is uploaded as it is finished, the index last.
         size: stored size, an int (square) or ``(height, width)``.
         resize: "crop", "pad" or "stretch" (see ImageSpec).
         resample: Pillow filter name ("bilinear", "bicubic", "lanczos", "nearest").
@@ -208,6 +212,8 @@ def convert_imagefolder(
             or ``dask.distributed.Client`` instead of ``workers`` local processes.
         part: shard folder: ``(i, n)``: write only shards ``k`` with ``k % n == i``; the
             part that finds every shard done writes the index.
+        storage_options: URL ``out``: fsspec keywords (credentials, ``endpoint_url``...);
+            default fsspec's own (environment variables, config files).
 
     Returns:
         ConversionReport (``path``: the file or the shard folder).
@@ -215,6 +221,7 @@ def convert_imagefolder(
     Example:
         >>> convert_imagefolder("photos/train", "train.h5", size=64)
         >>> convert_imagefolder("imagenet/train", "train-shards", size=64, shard_size=64 << 20)
+        >>> convert_imagefolder("imagenet/train", "s3://bucket/imagenet/train/", size=64, workers=16)
     """
     started = time.perf_counter()
     height, width = (size, size) if isinstance(size, int) else size
@@ -224,6 +231,7 @@ def convert_imagefolder(
     if not 1 <= quality <= 100:
         raise OptionError(f"quality should be in 1..100, got quality={quality}")
     container = container_of(out, format)
+    remote = remote_output(out, storage_options, is_folder_output(out))
     if not is_folder_output(out) and (shard_size, resume, executor, part) != (None, False, None, None):
         raise OptionError(f"shard_size, resume, executor and part need a shard folder, not the file {out!r}; "
                           "give OUT without an extension")
@@ -234,6 +242,7 @@ def convert_imagefolder(
         return convert_to_shards(
             src, out, found, spec, storage, quality, on_error, started, container=container, overwrite=overwrite,
             shard_size=shard_size, resume=resume, executor=executor, part=part, workers=workers, progress=progress,
+            remote=remote,
         )
     with staged_output(out, overwrite) as (staging, staged_path):
         sink = _RawSink(staging, len(paths), spec) if storage == "raw" else _JpegSink(staging)

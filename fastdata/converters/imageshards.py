@@ -15,6 +15,7 @@ from fastdata.converters.imageprep import (
     sample_metadata,
     source_metadata,
 )
+from fastdata.converters.parallel import run_tasks
 from fastdata.converters.report import ConversionReport, handle_bad_input
 from fastdata.converters.shards import (
     DEFAULT_SHARD_BYTES,
@@ -22,7 +23,6 @@ from fastdata.converters.shards import (
     index_shards,
     open_shard_folder,
     part_tasks,
-    run_tasks,
     samples_per_shard,
     save_record,
     task_bounds,
@@ -30,14 +30,15 @@ from fastdata.converters.shards import (
 )
 from fastdata.errors import OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import read_index
 
 _ESTIMATE_INPUTS = 32  # jpeg storage: images encoded to estimate the bytes per sample
 
 
 def convert_to_shards(src, out, found, spec, storage, quality, on_error, started, *, container, overwrite,
-                      shard_size, resume, executor, part, workers, progress):
+                      shard_size, resume, executor, part, workers, progress, remote=None):
     """Convert the scanned image folder ``found`` into the shard folder ``out``; return a ConversionReport.
+
+    ``remote``: the RemoteFolder of a URL ``out`` (NOTE [remote write] in upload).
 
     NOTE [driver memory]: the driver holds the input paths and labels, one
     task per shard (slices of them) and the small records; pixels stay in
@@ -47,7 +48,7 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
     scan, the source digest and the plan of 200,000 took about 5 s.
     """
     shard_size = DEFAULT_SHARD_BYTES if shard_size is None else shard_size
-    if os.path.commonpath([os.path.realpath(src), os.path.realpath(out)]) == os.path.realpath(src):
+    if remote is None and os.path.commonpath([os.path.realpath(src), os.path.realpath(out)]) == os.path.realpath(src):
         raise OptionError(f"the shard folder {os.fspath(out)!r} is inside the source {os.fspath(src)!r}, where it "
                           "would become a class; choose a folder outside it")
     samples_per_shard(shard_size, 1)  # check both before any work
@@ -57,9 +58,9 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
                           "once, then start the parts without --overwrite")
     settings = _settings(src, found, spec, storage, quality, container, shard_size)
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,
-                           part=part) as folder:
+                           part=part, remote=remote) as folder:
         if folder.done:
-            return _report(folder.root, read_index(folder.root).metadata, started)
+            return _report(folder.where, folder.finished_metadata(), started)
         folder.write_plan(folder.plan or _plan(src, found, spec, storage, quality, settings))
         bounds = task_bounds(folder.plan["num_inputs"], folder.plan["samples_per_shard"])
         numbers = part_tasks(len(bounds) - 1, part)
@@ -78,8 +79,8 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
             raise full from exc
         _warn_skipped(records, on_error)
         # Tie the shards together once every task is done (by any part).
-        metadata = index_shards(folder.root, missing_ok=part is not None)
-    return _report(folder.root, metadata or _part_metadata(records, found), started)
+        metadata = index_shards(folder.root, missing_ok=part is not None, remote=remote)
+    return _report(folder.where, metadata or _part_metadata(records, found), started)
 
 
 def _settings(src, found, spec, storage, quality, container, shard_size):
@@ -155,12 +156,14 @@ class _ShardTask:
     container: str
     on_error: str
     metadata: dict
+    remote: object = None  # a URL's RemoteFolder: root is then the staging folder of the worker's machine
 
 
 def _task(folder, number, bounds, src, found, spec, storage, quality, on_error):
     start, stop = int(bounds[number]), int(bounds[number + 1])
     return _ShardTask(folder.root, number, start, os.fspath(src), found.paths[start:stop], found.labels[start:stop],
-                      spec, storage, quality, folder.container, on_error, folder.plan["sample_metadata"])
+                      spec, storage, quality, folder.container, on_error, folder.plan["sample_metadata"],
+                      folder.remote)
 
 
 def _write_image_shard(task):
@@ -173,9 +176,10 @@ def _write_image_shard(task):
     stop = task.start + len(task.paths)
     metadata = {**task.metadata, "num_samples": len(kept), "shard": {"number": task.number, "inputs": [task.start,
                                                                                                      stop]}}
+    root = task.root if task.remote is None else task.remote.worker_root()
     facts = {"name": None, "bytes": 0, "crc32": None}
     if kept:
-        facts = write_shard(task.root, task.number, task.container, _columns(samples, labels, task), metadata)
+        facts = write_shard(root, task.number, task.container, _columns(samples, labels, task), metadata)
     record = {
         "inputs": [task.start, stop],
         "num_samples": len(kept),
@@ -186,7 +190,7 @@ def _write_image_shard(task):
         "squares": [int(s) for s in stats.squares],
         "skipped": skipped,
     }
-    return save_record(task.root, task.number, record)
+    return save_record(root, task.number, record, task.remote)
 
 
 def _prepare_shard(task):

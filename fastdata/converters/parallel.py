@@ -1,17 +1,21 @@
-"""Ordered parallel map over worker processes, with a progress bar."""
+"""Worker processes for the converters: an ordered map, and tasks run on a pool, an executor or Dask."""
 
 import ctypes
 import multiprocessing
 import os
+import select
 import signal
 import threading
+import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
 from tqdm.auto import tqdm
 
 from fastdata._cpu import usable_cpus
+from fastdata._optional import require
+from fastdata.converters.staging import SignalWatch
 from fastdata.errors import FastdataError, OptionError
 
 
@@ -42,6 +46,77 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, unit="img"):
+    """Run ``fn(task)`` for each of ``tasks``; return the results in the order they finish.
+
+    Args:
+        fn: a picklable top-level function.
+        tasks: picklable task descriptions.
+        sizes: inputs per task, for the progress bar.
+        executor: a ``concurrent.futures.Executor`` or a ``dask.distributed.Client``;
+            None: a local pool of ``workers`` processes (in this process for 1).
+        workers: local processes; default all usable cores.
+    """
+    workers = usable_cpus() if workers is None else workers
+    if workers < 1:
+        raise OptionError(f"workers should be a positive integer, got workers={workers}")
+    if hasattr(executor, "get_executor"):  # a dask.distributed Client
+        executor = executor.get_executor()
+    pool = None
+    if executor is None and workers > 1 and len(tasks) > 1:
+        pool = executor = start_pool(min(workers, len(tasks)))  # before the bar's thread (NOTE [worker start])
+    try:
+        with ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True,
+                          dynamic_ncols=True) as bar:
+            if executor is None:
+                return _run_here(fn, tasks, sizes, bar)
+            return _run_on(executor, fn, tasks, sizes, bar)
+    finally:
+        if pool is not None:
+            stop_pool(pool)  # a stopped conversion does not wait for its shards
+
+
+def _run_here(fn, tasks, sizes, bar):
+    """Run the tasks in this process; a SIGINT or SIGTERM that h5py swallowed stops after the task it hit.
+
+    See NOTE [swallowed signals]: a SIGTERM while a shard was written here was
+    dropped and the conversion ran on to write its index (1 trial in 5).
+    """
+    results = []
+    with SignalWatch() as watch:
+        for task, size in zip(tasks, sizes):
+            results.append(_counted(fn(task), bar, size))
+            watch.reraise()
+    return results
+
+
+def _run_on(executor, fn, tasks, sizes, bar):
+    futures = {executor.submit(fn, task): size for task, size in zip(tasks, sizes)}
+    try:
+        return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
+    except BrokenProcessPool as exc:
+        raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
+                            "shards are kept. Run again with --resume, with fewer --workers if memory "
+                            "is short.") from exc
+    finally:
+        for future in futures:
+            future.cancel()
+
+
+def _counted(result, bar, size):
+    bar.update(size)
+    return result
+
+
+def dask_client(address):
+    """Return a ``dask.distributed.Client`` connected to the scheduler at ``address``."""
+    distributed = require("distributed", "dask", "converting on a Dask cluster (--dask)")
+    try:
+        return distributed.Client(address, timeout=30)
+    except OSError as exc:
+        raise FastdataError(f"cannot reach the Dask scheduler at {address!r} ({exc}); check the address") from exc
+
+
 class ProgressBar(tqdm):
     """tqdm without its monitor thread, which would outlive the bar and make
     the next conversion in this process start its workers without fork (see
@@ -54,7 +129,7 @@ def start_pool(workers):
     method = _start_method()
     parent = None if method == "forkserver" else os.getpid()  # the process that starts the workers
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
-                               initargs=(parent,))
+                               initargs=(parent, os.getpid()))
     try:
         pool.submit(int).result()  # fork (or spawn) the workers now
     except BaseException:  # see NOTE [pool start]
@@ -102,13 +177,46 @@ def _map_chunk(fn, chunk):
     return [fn(item) for item in chunk]
 
 
-def _init_worker(parent):
+def _init_worker(parent, owner):
     # Ctrl-C is handled once, in the parent, which stops the pool and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
+    if parent is None:  # a forkserver's child: its parent outlives the owner (NOTE [orphaned workers])
+        _die_with_owner(owner)
 
 
 _PR_SET_PDEATHSIG = 1
+_OWNER_POLL_SECONDS = 0.5  # where pidfd_open is missing
+
+
+def _die_with_owner(owner):
+    """Exit this worker when process ``owner`` exits: a daemon thread waits on its pidfd (polls without one)."""
+    try:
+        fd = os.pidfd_open(owner)
+    except (AttributeError, OSError):  # not Linux >= 5.3, or already gone
+        fd = None
+        if not _alive(owner):
+            os._exit(1)
+
+    def wait():
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the owner has exited
+        else:
+            while _alive(owner):
+                time.sleep(_OWNER_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=wait, name="fastdata-owner-watch", daemon=True).start()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _die_with_parent(parent):
@@ -117,9 +225,14 @@ def _die_with_parent(parent):
     NOTE [orphaned workers]: a parent killed with SIGKILL cannot stop its
     pool, and its workers waited on the task queue forever, holding their
     memory. With PR_SET_PDEATHSIG the kernel sends SIGKILL to the worker when
-    its parent exits (the converting process, or the forkserver, which exits
-    with it). A parent that died before this call is caught by the check
-    after it: the worker was given to another parent.
+    its parent exits (the converting process, or the forkserver). A parent
+    that died before this call is caught by the check after it: the worker
+    was given to another parent. The forkserver does not exit with the
+    converting process: it waits for its children, and each holds its
+    "alive" pipe; after a kill -9 of a conversion to a URL (whose fsspec
+    thread makes the pool start from a forkserver) both workers and the
+    forkserver lived on, blocked on the dead owner's task queue. A forkserver
+    worker therefore also watches the converting process (_die_with_owner).
     """
     try:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -9,7 +9,9 @@ While it is written, a shard folder holds besides its finished shards::
 
 and gets ``OUT/index.json`` last, once every task has its record. The
 converters build the tasks and say what a shard holds; this module owns the
-folder, the plan, the records, the engines and the index.
+folder, the plan, the records and the index (converters.parallel runs the tasks). OUT may be a URL
+(``remote=``, a converters.upload.RemoteFolder): the same folder is kept in a
+local staging folder and mirrored to the URL shard by shard (NOTE [remote write]).
 """
 
 import errno
@@ -19,22 +21,18 @@ import json
 import os
 import re
 import shutil
-from concurrent.futures import as_completed
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
 import numpy as np
 
-from fastdata._cpu import usable_cpus
-from fastdata._optional import require
-from fastdata.converters.parallel import ProgressBar, start_pool, stop_pool
-from fastdata.converters.staging import DISK_FULL_ERRNOS, SignalWatch, process_owner
+from fastdata.converters.staging import DISK_FULL_ERRNOS, process_owner
 from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of, write_packed
 from fastdata.formats.shards import (
     CONTAINER_EXTENSIONS,
     INDEX_NAME,
     file_checksum,
+    read_index,
     shard_name,
     sync_folder,
     write_index,
@@ -130,14 +128,24 @@ def write_shard(root, number, container, columns, metadata):
     return facts
 
 
-def save_record(root, number, record):
-    """Write task ``number``'s record (NOTE [shard records]), after its shard; return the record."""
+def save_record(root, number, record, remote=None):
+    """Write task ``number``'s record (NOTE [shard records]), after its shard; return the record.
+
+    With ``remote``, the shard and then the record are uploaded, and their local copies removed.
+    """
     write_json_atomically(_record_path(root, number), record)
+    if remote is not None:
+        remote.upload_task(root, number, record)
     return record
 
 
+def record_name(number):
+    """Return the file name of task ``number``'s record in the state folder: ``shard-00003.json``."""
+    return f"shard-{number:05d}.json"
+
+
 def _record_path(root, number):
-    return os.path.join(root, STATE_FOLDER, f"shard-{number:05d}.json")
+    return os.path.join(root, STATE_FOLDER, record_name(number))
 
 
 # ---------------------------------------------------------------- in the driver: the folder
@@ -155,17 +163,35 @@ class ShardFolder:
     plan and whose file has the recorded size and crc32.
     """
 
-    def __init__(self, root, container, part):
-        self.root, self.container, self.part = root, container, part
+    def __init__(self, root, container, part, remote=None):
+        self.root, self.container, self.part, self.remote = root, container, part, remote
         self.state = os.path.join(root, STATE_FOLDER)
-        self.plan, self.done = None, False
+        self.where = root if remote is None else remote.url  # what messages and reports name
+        self.plan, self.done, self.recorded, self.remote_state = None, False, None, None
+
+    def read_recorded(self):
+        """Return the recorded index, else plan, else None; a remote folder is listed (``remote_state``)."""
+        if self.remote is None:
+            return _read_json(os.path.join(self.root, INDEX_NAME)) or _read_json(os.path.join(self.state, PLAN_NAME))
+        self.remote_state = self.remote.pull(check=True)
+        if self.part is None:  # this machine's leftovers: the URL is what counts
+            self._clear_local(everything=True)
+        return self.remote_state.recorded
+
+    def finished_metadata(self):
+        """Return the dataset metadata of a finished folder (``done``)."""
+        return read_index(self.root).metadata if self.remote is None else self.recorded["metadata"]
 
     def write_plan(self, plan):
         self.plan = json.loads(json.dumps(plan))
         write_json_atomically(os.path.join(self.state, PLAN_NAME), plan)
+        if self.remote is not None:
+            self.remote.put(os.path.join(self.state, PLAN_NAME), f"{STATE_FOLDER}/{PLAN_NAME}")
 
     def kept_record(self, number, start, stop):
         """Return task ``number``'s record if its shard is complete and intact, else None."""
+        if self.remote is not None:
+            return self.remote_state.kept_record(number, start, stop)
         record = _read_json(_record_path(self.root, number))
         if record is None or record.get("inputs") != [start, stop]:
             return None
@@ -189,10 +215,17 @@ class ShardFolder:
 
     def _clear(self):
         """Remove a previous conversion: the index first, so nothing half-removed looks finished."""
+        if self.remote is not None:
+            self.remote.clear(self.remote_state)
+            self.remote_state = type(self.remote_state)()
+        self._clear_local()
+
+    def _clear_local(self, everything=False):
+        """Remove the index, then the shards (or ``everything`` else), then the state but its lock files."""
         _remove(os.path.join(self.root, INDEX_NAME))
         sync_folder(self.root)
         for name in os.listdir(self.root):
-            if _SHARD.fullmatch(name) or _PARTIAL.fullmatch(name):
+            if (everything and name != STATE_FOLDER) or _SHARD.fullmatch(name) or _PARTIAL.fullmatch(name):
                 _remove(os.path.join(self.root, name))
         for name in os.listdir(self.state):
             if not name.endswith(".lock") and name != "lock":
@@ -200,12 +233,14 @@ class ShardFolder:
 
 
 @contextmanager
-def open_shard_folder(out, settings, *, container, resume=False, overwrite=False, part=None):
+def open_shard_folder(out, settings, *, container, resume=False, overwrite=False, part=None, remote=None):
     """Yield the ShardFolder ``out``, locked for this conversion and checked against ``settings``.
 
     ``folder.plan`` is the recorded plan when one is continued, ``folder.done``
     whether ``out`` is already a finished shard folder of these settings.
     A ``part`` joins a conversion of the same settings (and resumes its own tasks).
+    With ``remote`` (the RemoteFolder of the URL ``out``) the folder is its staging folder
+    on this machine, and what the URL holds is checked.
 
     Raises:
         OutputExistsError: ``out`` holds a conversion and neither ``resume`` nor ``overwrite``
@@ -213,21 +248,25 @@ def open_shard_folder(out, settings, *, container, resume=False, overwrite=False
         OptionError: ``resume`` (or ``part``) with settings other than the recorded ones.
         NotFoundError: the folder holding ``out`` does not exist.
     """
-    root = os.path.abspath(os.fspath(out))
+    root = os.path.abspath(os.fspath(out)) if remote is None else remote.staging()
+    if remote is not None:
+        os.makedirs(os.path.dirname(root), exist_ok=True)
     _check_folder(root)
-    folder = ShardFolder(root, container, part)
+    folder = ShardFolder(root, container, part, remote)
     settings = json.loads(json.dumps(settings))
-    with _locked(folder):
-        recorded = _read_json(os.path.join(root, INDEX_NAME)) or _read_json(os.path.join(folder.state, PLAN_NAME))
+    with locked_folder(folder):
+        recorded = folder.recorded = folder.read_recorded()
         if recorded is not None and overwrite:
             folder._clear()
         elif recorded is not None:
-            _check_continue(root, recorded, settings, resume or part is not None)
+            _check_continue(folder.where, recorded, settings, resume or part is not None)
             folder.plan = recorded if "samples_per_shard" in recorded else None
             folder.done = "shards" in recorded
         if part is None:
             folder.remove_partials()
         yield folder
+        if remote is not None and part is None:
+            folder._clear_local(everything=True)  # the URL holds it all now
 
 
 def check_replaceable(root):
@@ -255,7 +294,7 @@ def _check_folder(root):
 
 
 @contextmanager
-def _locked(folder):
+def locked_folder(folder):
     """Hold OUT's lock: exclusive for a whole conversion, shared (plus its own part's) for a part.
 
     NOTE [one writer]: two conversions into one OUT would delete each
@@ -274,7 +313,7 @@ def _locked(folder):
                 fcntl.flock(files[-1].fileno(), mode | fcntl.LOCK_NB)
             except BlockingIOError as exc:
                 who = "this part" if name != "lock" else "it"
-                raise OutputExistsError(f"another conversion is writing {folder.root!r} right now; wait for "
+                raise OutputExistsError(f"another conversion is writing {folder.where!r} right now; wait for "
                                         f"{who} to finish or stop it") from exc
         yield
     finally:
@@ -297,80 +336,6 @@ def _check_continue(root, recorded, settings, resume):
                           "settings, or pass --overwrite (overwrite=True) to start again")
 
 
-# ---------------------------------------------------------------- the engines
-
-
-def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, unit="img"):
-    """Run ``fn(task)`` for each of ``tasks``; return the results in the order they finish.
-
-    Args:
-        fn: a picklable top-level function.
-        tasks: picklable task descriptions.
-        sizes: inputs per task, for the progress bar.
-        executor: a ``concurrent.futures.Executor`` or a ``dask.distributed.Client``;
-            None: a local pool of ``workers`` processes (in this process for 1).
-        workers: local processes; default all usable cores.
-    """
-    workers = usable_cpus() if workers is None else workers
-    if workers < 1:
-        raise OptionError(f"workers should be a positive integer, got workers={workers}")
-    if hasattr(executor, "get_executor"):  # a dask.distributed Client
-        executor = executor.get_executor()
-    pool = None
-    if executor is None and workers > 1 and len(tasks) > 1:
-        pool = executor = start_pool(min(workers, len(tasks)))  # before the bar's thread (NOTE [worker start])
-    try:
-        with ProgressBar(total=int(sum(sizes)), unit=unit, disable=None if progress else True,
-                          dynamic_ncols=True) as bar:
-            if executor is None:
-                return _run_here(fn, tasks, sizes, bar)
-            return _run_on(executor, fn, tasks, sizes, bar)
-    finally:
-        if pool is not None:
-            stop_pool(pool)  # a stopped conversion does not wait for its shards
-
-
-def _run_here(fn, tasks, sizes, bar):
-    """Run the tasks in this process; a SIGINT or SIGTERM that h5py swallowed stops after the task it hit.
-
-    See NOTE [swallowed signals]: a SIGTERM while a shard was written here was
-    dropped and the conversion ran on to write its index (1 trial in 5).
-    """
-    results = []
-    with SignalWatch() as watch:
-        for task, size in zip(tasks, sizes):
-            results.append(_counted(fn(task), bar, size))
-            watch.reraise()
-    return results
-
-
-def _run_on(executor, fn, tasks, sizes, bar):
-    futures = {executor.submit(fn, task): size for task, size in zip(tasks, sizes)}
-    try:
-        return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
-    except BrokenProcessPool as exc:
-        raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
-                            "shards are kept. Run again with --resume, with fewer --workers if memory "
-                            "is short.") from exc
-    finally:
-        for future in futures:
-            future.cancel()
-
-
-def _counted(result, bar, size):
-    bar.update(size)
-    return result
-
-
-def dask_client(address):
-    """Return a ``dask.distributed.Client`` connected to the scheduler at ``address``."""
-    distributed = require("distributed", "dask", "converting on a Dask cluster (--dask)")
-    try:
-        return distributed.Client(address, timeout=30)
-    except OSError as exc:
-        raise FastdataError(f"cannot reach the Dask scheduler at {address!r} ({exc}); check the address") from exc
-
-
 def disk_full(exc, root):
     """Return a FastdataError for a full disk while writing ``root``, or None if ``exc`` is something else."""
     if not isinstance(exc, OSError) or not (exc.errno in DISK_FULL_ERRNOS or f"errno = {errno.ENOSPC}" in str(exc)):
@@ -382,40 +347,57 @@ def disk_full(exc, root):
 # ---------------------------------------------------------------- the index
 
 
-def index_shards(root, missing_ok=False):
+def index_shards(root, missing_ok=False, remote=None):
     """Write ``root/index.json`` from the plan and the task records; return the index's metadata.
 
     Args:
-        root: a shard folder whose tasks have all finished.
+        root: a shard folder whose tasks have all finished (with ``remote``: its staging folder).
         missing_ok: return None instead of raising when some tasks have not finished.
+        remote: the RemoteFolder whose listed plan, records and shards count; its index.json is
+            written in ``root``, then uploaded (NOTE [remote write]).
 
     Raises:
         FastdataError: some shards are not finished (named), or ``root`` holds no conversion plan.
     """
     root = os.path.abspath(os.fspath(root))
-    plan = _read_json(os.path.join(root, STATE_FOLDER, PLAN_NAME))
+    if remote is None:
+        where, plan = root, _read_json(os.path.join(root, STATE_FOLDER, PLAN_NAME))
+        record_of = lambda number: _read_json(_record_path(root, number))  # noqa: E731
+        complete = lambda record: _has_size(root, record)  # noqa: E731
+    else:
+        where, state = remote.url, remote.pull()
+        plan, record_of, complete = state.plan, state.records.get, state.has_shard
     if plan is None:
-        raise NotFoundError(f"{root!r} holds no conversion plan ({STATE_FOLDER}/{PLAN_NAME}); "
+        raise NotFoundError(f"{where!r} holds no conversion plan ({STATE_FOLDER}/{PLAN_NAME}); "
                             "it is not a shard folder being converted")
-    bounds = task_bounds(plan["num_inputs"], plan["samples_per_shard"])
-    records, missing = [], []
-    for number in range(len(bounds) - 1):
-        record = _read_json(_record_path(root, number))
-        complete = record is not None and (not record["num_samples"] or _has_size(root, record))
-        records.append(record)
-        if not complete:
-            missing.append(shard_name(number, plan["container"]))
-    if missing:
-        if missing_ok:
-            return None
-        listed = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise FastdataError(f"{root!r}: {len(missing)} of {len(bounds) - 1} shards are not finished ({listed}); "
-                            "run the conversion (or its missing parts) again with --resume")
+    records = _finished_records(where, plan, record_of, complete, missing_ok)
+    if records is None:
+        return None
     module, name = _METADATA_OF[plan["kind"]]
     metadata = getattr(importlib.import_module(module), name)(plan, records)
     shards = [{key: r[key] for key in ("name", "num_samples", "bytes", "crc32")} for r in records if r["num_samples"]]
     write_index(root, plan["container"], metadata, plan["settings"], shards)
+    if remote is not None:  # last: every shard is there
+        remote.put(os.path.join(root, INDEX_NAME), INDEX_NAME)
     return metadata
+
+
+def _finished_records(where, plan, record_of, complete, missing_ok):
+    """Return every task's record, in task order; None (``missing_ok``) or FastdataError if some are missing."""
+    bounds = task_bounds(plan["num_inputs"], plan["samples_per_shard"])
+    records, missing = [], []
+    for number in range(len(bounds) - 1):
+        record = record_of(number)
+        records.append(record)
+        if record is None or (record["num_samples"] and not complete(record)):
+            missing.append(shard_name(number, plan["container"]))
+    if not missing:
+        return records
+    if missing_ok:
+        return None
+    listed = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    raise FastdataError(f"{where!r}: {len(missing)} of {len(bounds) - 1} shards are not finished ({listed}); "
+                        "run the conversion (or its missing parts) again with --resume")
 
 
 def _has_size(root, record):

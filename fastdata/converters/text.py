@@ -16,7 +16,7 @@ the result depends only on the input order, never on the number of workers.
 import json
 import os
 import time
-from contextlib import closing
+from contextlib import closing, nullcontext
 from functools import partial
 
 import numpy as np
@@ -34,6 +34,7 @@ from fastdata.converters.textsources import (
     resolve_labels,
     source_format_of,
 )
+from fastdata.converters.upload import remote_output
 from fastdata.errors import NotFoundError, OptionError, SourceError
 from fastdata.formats import Columns, write_packed
 from fastdata.formats.shards import read_index
@@ -66,6 +67,7 @@ def convert_text(
     progress: bool = True,
     format: str | None = None,
     shard_size: int | None = None,
+    storage_options: dict | None = None,
 ) -> ConversionReport:
     """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.
 
@@ -75,7 +77,8 @@ def convert_text(
             file with one sample per line (no labels).
         out: output path: a ``.h5``, ``.hdf5`` or ``.arrow`` file, or else a
             shard folder (files of about ``shard_size`` bytes and ``index.json``),
-            which appears whole at the end.
+            which appears whole at the end. A URL (``s3://bucket/wiki/``) is a
+            shard folder there, uploaded at the end (its index last).
         tokenizer: "words" (built in), "bytes" (UTF-8 bytes as ids), a path
             to a Hugging Face ``tokenizers`` JSON file, a packed text file or
             shard folder whose tokenizer is reused (e.g. the train file for
@@ -110,6 +113,7 @@ def convert_text(
         format: shard folder: its container, "hdf5" (default) or "arrow".
         shard_size: shard folder: bytes of ids, labels and offsets per shard
             (default 64 MiB); a longer sample gets a shard of its own.
+        storage_options: URL ``out``: fsspec keywords (credentials, ``endpoint_url``...).
 
     Returns:
         ConversionReport.
@@ -122,10 +126,14 @@ def convert_text(
     started = time.perf_counter()
     check_choice("on_error", on_error, ON_ERROR)
     shards = shard_options(out, format, shard_size, on_error)
+    remote = remote_output(out, storage_options, shards is not None)
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
-    with staged_output(out, overwrite, source=src, folder=shards is not None) as (staging, staged_path):
+    # A URL: the folder is written on this machine, then uploaded (index last) when it is complete.
+    local = nullcontext(out) if remote is None else remote.uploading(overwrite)
+    with local as local_out, staged_output(local_out, overwrite, source=src, folder=shards is not None) as (
+            staging, staged_path):
         spec_path = os.path.join(staging, "tokenizer.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(probe.to_dict(), f)

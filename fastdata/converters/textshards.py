@@ -19,6 +19,7 @@ from fastdata.converters.shards import (
 from fastdata.errors import OptionError
 from fastdata.formats import Columns
 from fastdata.formats.shards import write_index
+from fastdata.storage.urls import is_url
 
 _SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
 # Per-sample facts every shard file holds (the dataset-wide ones live in the index only).
@@ -51,7 +52,8 @@ def shard_options(out, format, shard_size, on_error):
             raise OptionError(f"shard_size needs a shard folder, not the file {os.fspath(out)!r}; give a folder "
                               "name (without .h5, .hdf5 or .arrow) to write shards")
         return None
-    check_replaceable(os.path.abspath(os.fspath(out)))
+    if not is_url(out):  # a URL is checked by converters.upload
+        check_replaceable(os.path.abspath(os.fspath(out)))
     if shard_size is None:
         shard_size = DEFAULT_SHARD_BYTES
     if isinstance(shard_size, bool) or not isinstance(shard_size, (int, np.integer)):
