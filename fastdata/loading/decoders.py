@@ -43,11 +43,25 @@ class Parts(Sequence):
     shard store, or taken from the columns).
     """
 
-    __slots__ = ("columns", "indices", "bounds", "paths", "_label_bases")
+    __slots__ = ("columns", "indices", "bounds", "paths", "_label_bases", "stitched", "_release")
 
     def __init__(self, columns, indices, bounds, paths, label_bases=None):
         self.columns, self.indices, self.bounds, self.paths = columns, indices, bounds, paths
         self._label_bases = label_bases
+        self.stitched, self._release = None, None  # see hold()
+
+    def hold(self, release, stitched=None):
+        """Keep the rows mapped until ``release()`` (see NOTE [stitched rows] in stitch.py).
+
+        ``stitched``: ``(view, rows)`` where batch row ``i`` is also ``view[rows[i]]``, or None.
+        """
+        self.stitched, self._release = stitched, release
+
+    def release(self):
+        """Let the stitched rows go (after the batch is read); a no-op without them, or the second time."""
+        release, self._release, self.stitched = self._release, None, None
+        if release is not None:
+            release()
 
     @classmethod
     def of(cls, parts):
@@ -157,10 +171,14 @@ class RawImageDecoder(_ImageDecoder):
     def batch_parts(self, parts, pin_memory=False):
         parts = Parts.of(parts)  # see NOTE [parts without objects]
         out = self._buffers.take((parts.num_rows, *self.sample_shape), np.uint8)
-        indices, bounds = parts.indices, parts.bounds
-        for columns, start, stop in zip(parts.columns, bounds, bounds[1:]):  # see NOTE [address-space gather]
-            # Indices are checked already; mode="clip" spares numpy a temporary copy.
-            columns.samples.take(indices[start:stop], 0, out[start:stop], "clip")
+        # Indices are checked already; mode="clip" spares numpy a temporary copy.
+        if parts.stitched is not None:  # every part in one array: one take (see NOTE [stitched rows])
+            view, rows = parts.stitched
+            view.take(rows, 0, out, "clip")
+        else:
+            indices, bounds = parts.indices, parts.bounds
+            for columns, start, stop in zip(parts.columns, bounds, bounds[1:]):
+                columns.samples.take(indices[start:stop], 0, out[start:stop], "clip")
         images = torch.from_numpy(out)
         return (images.pin_memory() if pin_memory else images,)
 

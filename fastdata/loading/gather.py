@@ -17,7 +17,8 @@ view of the address space took 83-150 us against 182 us for the per-shard
 takes on a quiet machine, but it runs on torch's intra-op threads and fell
 to 14,000 img/s when other processes kept the cores busy; numpy's fancy
 indexing needs a fresh output array per batch (see NOTE [buffer reuse]);
-and numpy's take copies a strided source whole.
+and numpy's take copies a strided source whole. Fixed-size rows are
+stitched into one array instead (NOTE [stitched rows] in stitch.py).
 """
 
 import ctypes
