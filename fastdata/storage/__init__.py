@@ -4,7 +4,10 @@ Sits beside ``formats/``: it imports formats and errors, and fsspec (the ``s3``
 extra) only inside the functions that reach a URL, so importing it is cheap.
 """
 
+from fastdata.storage.cache import ShardCache, cache_root
+from fastdata.storage.prefetch import Prefetcher
 from fastdata.storage.retry import RETRY_ATTEMPTS, is_transient, retried
 from fastdata.storage.urls import filesystem, is_url, join, read_remote_index
 
-__all__ = ["RETRY_ATTEMPTS", "filesystem", "is_transient", "is_url", "join", "read_remote_index", "retried"]
+__all__ = ["RETRY_ATTEMPTS", "Prefetcher", "ShardCache", "cache_root", "filesystem", "is_transient", "is_url", "join",
+           "read_remote_index", "retried"]

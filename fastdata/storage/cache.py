@@ -53,6 +53,41 @@ _PARTIAL = ".partial"
 # memory: the kernel drops every lock of a killed process, which is the whole crash story.
 
 
+# NOTE [locks across fork]: a flock belongs to the open file description, which a forked child
+# shares: a DataLoader worker forked while a prefetch thread downloads (or while a shard is held)
+# would keep that lock until it exits, blocking every other process's fetch of the shard. Every
+# descriptor that carries a lock is therefore listed here and closed in the child right after a
+# fork (closing, not unlocking: the parent's lock stays), and opened O_CLOEXEC against exec.
+_LOCK_FDS = set()
+
+
+def _open_locked(path, flags, mode=os.O_RDONLY):
+    """Open ``path`` and flock it with ``flags``; return the descriptor (BlockingIOError if LOCK_NB fails)."""
+    fd = os.open(path, mode | os.O_CLOEXEC, 0o666)
+    _LOCK_FDS.add(fd)
+    try:
+        fcntl.flock(fd, flags)
+    except BaseException:
+        _close(fd)
+        raise
+    return fd
+
+
+def _close(fd):
+    _LOCK_FDS.discard(fd)
+    os.close(fd)
+
+
+def _forget_inherited_locks():
+    for fd in list(_LOCK_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_locks)
+
+
 def cache_root(cache_dir=None):
     """Return the folder of every fastdata cache: ``cache_dir``, else $FASTDATA_CACHE, else the user's cache."""
     if cache_dir is not None:
@@ -172,18 +207,17 @@ class ShardCache:
         while True:
             path = self.fetch(shard)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = _open_locked(path, fcntl.LOCK_SH)
             except FileNotFoundError:
                 continue  # evicted between fetch and open
-            fcntl.flock(fd, fcntl.LOCK_SH)
             if os.fstat(fd).st_nlink > 0:
                 break
-            os.close(fd)  # evicted before our lock: fetch again
+            _close(fd)  # evicted before our lock: fetch again
         with state["lock"]:
             entry = state["held"].setdefault(shard, [fd, 0])
             entry[1] += 1
             if entry[0] != fd:  # another thread held it meanwhile
-                os.close(fd)
+                _close(fd)
         return path
 
     def release(self, shard):
@@ -196,7 +230,7 @@ class ShardCache:
             entry[1] -= 1
             if entry[1] == 0:
                 del state["held"][shard]
-                os.close(entry[0])
+                _close(entry[0])
 
     def defer_error(self, shard, exc):
         """Keep ``exc``, raised while prefetching ``shard``, for this process's next ``fetch(shard)`` to raise."""
@@ -221,16 +255,15 @@ class ShardCache:
     @contextlib.contextmanager
     def _locked(self, name, flags=fcntl.LOCK_EX):
         """Hold flock ``flags`` on ``<folder>/<name>`` (created if need be); yield whether it was taken."""
-        fd = os.open(os.path.join(self.folder, name), os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            try:
-                fcntl.flock(fd, flags)
-            except BlockingIOError:
-                yield False
-                return
+            fd = _open_locked(os.path.join(self.folder, name), flags, os.O_RDWR | os.O_CREAT)
+        except BlockingIOError:
+            yield False
+            return
+        try:
             yield True
         finally:
-            os.close(fd)
+            _close(fd)
 
     # ------------------------------------------------------------ downloading
 
@@ -335,19 +368,17 @@ class ShardCache:
     def _evict(self, path):
         """Delete the complete shard at ``path`` unless a reader holds it; return whether it was deleted."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = _open_locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except FileNotFoundError:
             return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
-        else:
+        try:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return True
         finally:
-            os.close(fd)
+            _close(fd)
 
     def _scan(self, clean=False):
         """Return ``[(path, bytes, "complete"|"partial")]`` of the folder's shards; ``clean``: delete dead partials.

@@ -6,6 +6,7 @@ Processes sharing one cache are ``fetcher.py`` subprocesses given the cache pick
 import os
 import pathlib
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -28,8 +29,12 @@ def s3_cache(url, endpoint, cache_dir, **options):
     return ShardCache(index, filesystem(url, storage_options)[0], cache_dir=cache_dir, **options)
 
 
+def largest_shard_of(local):
+    return int(read_index(local).sizes.max())
+
+
 def largest_shard(remote_shards):
-    return int(read_index(remote_shards()[0]).sizes.max())
+    return largest_shard_of(remote_shards()[0])
 
 
 def partials(cache):
@@ -281,3 +286,39 @@ def test_the_cache_pickles_without_its_holds(remote_shards, s3_server, tmp_path)
     assert clone.held() == [] and cache.held() == [1] and clone.folder == cache.folder
     assert clone.fetch(1) == cache.path(1)
     cache.release(1)
+
+
+def test_shards_over_plain_http(http_server, sharded_reference, tmp_path):
+    local = sharded_reference()
+    shutil.copytree(local, tmp_path / "train")
+    url = http_server.url_of("train")
+    index = read_remote_index(url)
+    cache = ShardCache(index, filesystem(url)[0], cache_dir=tmp_path / "cache")
+    for shard, path in enumerate(cache.fetch_many(range(index.num_shards), threads=2)):
+        assert pathlib.Path(path).read_bytes() == (local / index.names[shard]).read_bytes()
+    assert len(shard_files(cache)) == index.num_shards
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_keeps_none_of_the_parents_locks(remote_shards, s3_server, tmp_path):
+    """A DataLoader worker forked while the main process holds a shard or downloads one (see NOTE
+    [locks across fork]): once the parent lets go, other processes may evict and fetch."""
+    import fcntl
+    import multiprocessing
+
+    _, url = remote_shards()
+    cache = s3_cache(url, s3_server.endpoint, tmp_path, cache_limit=2 * largest_shard(remote_shards))
+    cache.hold(0)
+    with cache._locked(".shard-00003.h5.lock"):
+        child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+        child.start()
+    try:
+        cache.release(0)
+        cache.fetch(1)
+        cache.fetch(2)
+        assert not cache.is_present(0)  # evicted: the child's copy of the hold went with the fork
+        with cache._locked(".shard-00003.h5.lock", fcntl.LOCK_EX | fcntl.LOCK_NB) as taken:
+            assert taken
+    finally:
+        child.kill()
+        child.join()
