@@ -3,7 +3,6 @@
 import gc
 import os
 import tempfile
-import threading
 import time
 import uuid
 import warnings
@@ -110,7 +109,6 @@ def test_close_and_collection_stop_the_threads(sharded_reference, tmp_path):
     for thread in threads:
         thread.join(5)
     assert not any(thread.is_alive() for thread in threads)
-    assert threading.active_count() < 10
 
 
 # ---------------------------------------------------------------- the cache's bounds, as a property
@@ -123,8 +121,9 @@ OPS = st.lists(st.tuples(st.sampled_from(["fetch", "hold", "release"]), st.integ
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, slots=st.integers(1, 3))
 def test_any_fetch_hold_release_sequence_keeps_the_bounds(sharded_reference, ops, slots):
-    """Two caches of one folder (as two processes): a held shard is never deleted, and after a fetch the folder
-    is within the limit, or holds only held shards and the one fetched (the one-shard overshoot)."""
+    """Two caches of one folder (as two processes): a held shard is never deleted; a download leaves the folder
+    within the limit, or holding only held shards and the one fetched (the one-shard overshoot); anything else
+    never adds bytes."""
     local = sharded_reference()
     sizes = read_index(local).sizes
     with tempfile.TemporaryDirectory() as cache_dir, warnings.catch_warnings():
@@ -141,12 +140,15 @@ def test_any_fetch_hold_release_sequence_keeps_the_bounds(sharded_reference, ops
                 cache.release(shard)
                 continue
             held = {s for hold in holds for s in hold} - {shard}
+            downloads, before = not first.is_present(shard), first.used_bytes()
             (cache.fetch if op == "fetch" else cache.hold)(shard)
             if op == "hold":
                 holds[who].append(shard)
             assert all(first.is_present(s) for hold in holds for s in hold)
-            bound = max(first.cache_limit, sum(int(sizes[s]) for s in held) + int(sizes[shard]))
-            assert first.used_bytes() <= bound
+            if downloads:
+                assert first.used_bytes() <= max(first.cache_limit, sum(int(sizes[s]) for s in held) + sizes[shard])
+            else:
+                assert first.used_bytes() <= before
             assert sorted(os.listdir(first.folder)) == sorted(
                 [name for name in os.listdir(first.folder) if name.endswith(".lock")]
                 + [first.index.names[s] for s in range(len(sizes)) if first.is_present(s)])
