@@ -301,7 +301,7 @@ class ShardCache:
         crc = size = 0
         with open(partial, "wb") as out:
             while True:
-                end = expected + 1 if expected - size < CHUNK_BYTES else size + CHUNK_BYTES
+                end = expected + 1 if expected - size <= CHUNK_BYTES else size + CHUNK_BYTES
                 chunk = self._remote(shard, lambda a=size, b=end: self.fs.cat_file(url, start=a, end=b))
                 out.write(chunk)
                 crc, asked, size = zlib.crc32(chunk, crc), end - size, size + len(chunk)

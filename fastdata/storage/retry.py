@@ -1,6 +1,7 @@
 """Remote calls retried with exponential backoff and jitter, where the error looks transient."""
 
 import asyncio
+import errno
 import itertools
 import random
 import re
@@ -12,6 +13,7 @@ RETRY_ATTEMPTS = 6  # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s of backoff (jittered): rides
 _MAX_DELAY = 5.0  # seconds: one wait is never longer than this
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotFoundError, FormatError,
               MissingDependencyError, FastdataError)
+_PERMANENT_ERRNOS = (errno.EINVAL, errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # s3fs: 4xx
 _TRANSIENT_TEXT = re.compile(
     r"\b5\d\d\b|SlowDown|ServiceUnavailable|InternalError|RequestTimeout|Throttl|reset|timed? ?out|"
     r"temporarily|connection (?:aborted|closed|refused)|server disconnected|broken pipe|IncompleteRead",
@@ -26,10 +28,12 @@ _TRANSIENT_TEXT = re.compile(
 # retrying it would only delay the message. Backends wrap errors differently (s3fs raises OSError or
 # FileNotFoundError translated from botocore; aiohttp raises ClientError subclasses; fsspec's HTTP file system
 # raises its own), so besides the types the error's text and its HTTP status (``.status``, ``.code`` or
-# botocore's ``.response``) are read. Permanent types are checked first: FileNotFoundError is an OSError.
+# botocore's ``.response``) are read. Permanent types are checked first: FileNotFoundError is an OSError,
+# and s3fs turns S3's 4xx answers into OSErrors with an errno (InvalidRange: EINVAL, AccessDenied: EACCES)
+# while its 5xx and SlowDown become EBUSY or EIO.
 def is_transient(exc):
     """Return whether ``exc`` may go away if the same request is made again (see NOTE [transient errors])."""
-    if isinstance(exc, _PERMANENT):
+    if isinstance(exc, _PERMANENT) or getattr(exc, "errno", None) in _PERMANENT_ERRNOS:
         return False
     status = _status_of(exc)
     if status is not None:

@@ -204,7 +204,7 @@ def test_a_missing_remote_shard_is_named(own_shards, s3_server, tmp_path):
     assert not shard_files(cache) and not partials(cache)
 
 
-@pytest.mark.parametrize("chunk", [None, 4096])
+@pytest.mark.parametrize("chunk", [None, 4096, 3121])  # 3121: 8 chunks make a 24,968-byte shard exactly
 def test_a_server_failing_one_request_in_five_is_ridden_out(remote_shards, s3_server, tmp_path, monkeypatch, chunk):
     import fastdata.storage.cache as cache_module
 

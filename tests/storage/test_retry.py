@@ -21,7 +21,8 @@ class BotoLike(Exception):
 
 
 @pytest.mark.parametrize("exc", [
-    OSError("boom"), ConnectionResetError(), TimeoutError(), asyncio.TimeoutError(), StatusError(503),
+    OSError("boom"), OSError(16, "Please reduce your request rate"),
+    ConnectionResetError(), TimeoutError(), asyncio.TimeoutError(), StatusError(503),
     StatusError(500), StatusError(429), BotoLike(503), Exception("SlowDown: Please reduce your request rate"),
     Exception("Connection reset by peer"), type("ServerDisconnectedError", (Exception,), {})(),
 ])
@@ -32,7 +33,8 @@ def test_transient_errors(exc):
 @pytest.mark.parametrize("exc", [
     FileNotFoundError("s3://b/k"), PermissionError(), NotFoundError("x"), FormatError("crc32"),
     MissingDependencyError("s3fs"), RemoteError("gave up"), StatusError(404), StatusError(403), BotoLike(400),
-    ValueError("bad"), KeyError("k"),
+    ValueError("bad"), KeyError("k"), OSError(22, "The requested range is not satisfiable"),
+    OSError(13, "Access Denied"),
 ])
 def test_permanent_errors(exc):
     assert not is_transient(exc)
