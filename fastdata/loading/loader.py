@@ -38,6 +38,7 @@ from fastdata.loading.device import HostBatch, make_pipeline
 from fastdata.loading.order import SHUFFLES
 from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
+from fastdata.loading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
 from fastdata.loading.state import Resumable, Steps
 from fastdata.loading.transport import SharedSlots, SlotBatch
@@ -92,7 +93,8 @@ def make_loader(
             reads for data bigger than the page cache); True: "block" where
             the dataset cannot stay in the page cache, else "uniform" (see
             NOTE [auto shuffle] in readahead.py; under torch.distributed,
-            rank 0 chooses for all).
+            rank 0 chooses for all); a URL's dataset: "block", windows of
+            shards that fit its cache (NOTE [remote shuffle] in remote.py).
         seed: base seed of the order and of ``augment`` (a non-negative int).
         drop_last: same as ``remainder="drop"``.
         remainder: the last, short global batch: "drop"; "pad" it by
@@ -209,17 +211,21 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default."""
     group = dist.is_available() and dist.is_initialized()
     rank, world_size = resolve_rank(rank, world_size)
-    fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"
+    remote = isinstance(dataset, PackedDataset) and getattr(dataset, "is_remote", False)
+    fits = not isinstance(dataset, PackedDataset) or (not remote and choose_shuffle(dataset)[0] == "uniform")
     shuffle = _shuffle_mode(shuffle, fits, group)
     if shuffle == "block" and None in (block_size, window):
         if not isinstance(dataset, PackedDataset):
             raise OptionError(f"shuffle='block' over a {type(dataset).__name__} needs block_size and window")
-        default_size, default_window = block_settings(dataset)
+        default_size, default_window = _default_block_settings(dataset, remote, group)
         block_size, window = block_size or default_size, window or default_window
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                 remainder=remainder, rank=rank, world_size=world_size, block_size=block_size,
                                 window=window)
-    if not fits:
+    if remote and dataset.prefetch != 0:  # see NOTE [remote read-ahead] in remote.py
+        ahead = prefetch_shards(dataset, sampler.order)
+        sampler.readahead = ShardReadAhead(dataset, sampler.order, rank, world_size, ahead)
+    elif not fits:
         # NOTE [hints past the cache]: the kernel hints of a ReadAhead (NOTE
         # [read ahead] in readahead.py) cost more than they give while the
         # dataset stays in the page cache: on 5,000 cached 64 px raw samples,
@@ -230,6 +236,16 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
         # so only one that does not fit gets them.
         sampler.readahead = ReadAhead(dataset, sampler.order, rank, world_size)
     return sampler
+
+
+def _default_block_settings(dataset, remote, group):
+    """Return a block shuffle's default ``(block_size, window)``; a remote dataset's are rank 0's for every rank."""
+    if not remote:
+        return block_settings(dataset)
+    settings = list(remote_block_settings(dataset))  # from the cache limit: see NOTE [remote shuffle] in remote.py
+    if group and dist.get_world_size() > 1:
+        dist.broadcast_object_list(settings, src=0)
+    return tuple(settings)
 
 
 def _shuffle_mode(shuffle, fits, group):
