@@ -38,14 +38,16 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastdata.errors import FormatError
+from fastdata.errors import FormatError, OptionError
 from fastdata.formats import format_of
 from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
 from fastdata.formats.shards import read_index
 from fastdata.loading.decoders import decoder_for
 from fastdata.loading.readahead import check_pattern
+from fastdata.loading.remote import open_remote_store
 from fastdata.loading.shards import ShardStore
+from fastdata.storage.urls import is_url, read_remote_index
 
 
 class PackedDataset(Dataset):
@@ -57,19 +59,38 @@ class PackedDataset(Dataset):
     the shard whose range holds it, and batches span shards.
     ``transform``, if given, is applied to each image tensor.
 
+    A URL (``s3://bucket/train/``, ``gs://``, ``https://``, any fsspec URL)
+    reads a shard folder from object storage: its index at once, its shards
+    into a local cache as they are needed, and ahead of the order that
+    make_loader reads (see NOTE [remote read-ahead] in remote.py).
+
     Args:
-        path: a packed file, or a folder with ``index.json`` and shards of this class's container.
+        path: a packed file, a folder with ``index.json`` and shards of this class's container, or its URL.
         transform: applied to each sample tensor.
         max_open_shards: the most shards of a folder one process keeps open; default: from the
             process's descriptor limit, 128 to 4,096 (see NOTE [open shards]).
+        storage_options: a URL's fsspec options (credentials, ``endpoint_url``...); default: fsspec's own.
+        cache_dir: where a URL's shards are cached; default ``$FASTDATA_CACHE``, else the user's cache folder.
+        cache_limit: bytes of a URL's cached shards; default: half the cache's free disk.
+        prefetch: shards a loader fetches ahead of the one it reads (URLs only); default 4, 0: none.
     """
 
     format = None  # "hdf5" or "arrow", set by subclasses
 
     def __init__(self, path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 *, max_open_shards: int | None = None):
+                 *, max_open_shards: int | None = None, storage_options: dict | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
+                 prefetch: int | None = None):
         self.path = os.fspath(path)
-        if os.path.isdir(self.path):
+        self.prefetch = prefetch
+        if is_url(self.path):
+            self._store = open_remote_store(self.path, self._read, max_open_shards=max_open_shards,
+                                            storage_options=storage_options, cache_dir=cache_dir,
+                                            cache_limit=cache_limit, prefetch=prefetch)  # the index; no shard fetched
+            self._check_container(self._store.index.container)
+        elif (storage_options, cache_dir, cache_limit, prefetch) != (None,) * 4:
+            raise OptionError(f"storage_options, cache_dir, cache_limit and prefetch apply to URLs, not {self.path!r}")
+        elif os.path.isdir(self.path):
             self._store = ShardStore.of_folder(self.path, self._read, max_open_shards)  # the index; no shard opened
             self._check_container(self._store.index.container)
         else:
@@ -98,6 +119,11 @@ class PackedDataset(Dataset):
         if self._decoder is None or self._pid != os.getpid():
             self._pid, self._decoder = os.getpid(), decoder_for(self.metadata, self.path)
         return self._decoder
+
+    @property
+    def is_remote(self):
+        """Whether the dataset is read from a URL, its shards through a local cache."""
+        return self._store.cache is not None
 
     @property
     def num_shards(self):
@@ -254,8 +280,9 @@ class PackedDataset(Dataset):
     def __repr__(self):
         shape = ",".join(map(str, self.sample_shape))
         where = self.format if os.path.isfile(self.path) else f"{self.format}, {self.num_shards} shards"
+        name = self.path.rstrip("/") if self.is_remote else os.path.basename(self.path.rstrip(os.sep))
         return (
-            f"<{type(self).__name__} {os.path.basename(self.path.rstrip(os.sep))!r} {where}: "
+            f"<{type(self).__name__} {name!r} {where}: "
             f"{self._num_samples} samples, {self.kind} {self.metadata['sample_dtype']}[{shape}] "
             f"{self.storage}, {len(self.classes)} classes>"
         )
@@ -277,18 +304,27 @@ class ArrowDataset(PackedDataset):
 
 def open_dataset(
     path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
-    max_open_shards: int | None = None,
+    max_open_shards: int | None = None, storage_options: dict | None = None,
+    cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None, prefetch: int | None = None,
 ) -> HDF5Dataset | ArrowDataset:
     """Return the HDF5Dataset or ArrowDataset for ``path``: a file by its extension, a shard folder by its index.
 
-    ``max_open_shards`` bounds the shards of a folder one process keeps open (default: see NOTE [open shards]).
+    ``path`` may be the URL of a shard folder (``s3://...``, any fsspec URL):
+    see PackedDataset for ``storage_options``, ``cache_dir``, ``cache_limit``
+    and ``prefetch``. ``max_open_shards`` bounds the shards of a folder one
+    process keeps open (default: see NOTE [open shards]).
 
     Example:
         >>> dataset = open_dataset("train/")  # a shard folder: index.json, shard-00000.h5, ...
+        >>> dataset = open_dataset("s3://bucket/train/", cache_limit=20 << 30)
     """
-    if os.path.isdir(path):
+    remote = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
+              "prefetch": prefetch}
+    if is_url(path):
+        container = read_remote_index(path, storage_options).container
+    elif os.path.isdir(path):
         container = read_index(path).container
     else:
         container = format_of(path)
     cls = HDF5Dataset if container == "hdf5" else ArrowDataset
-    return cls(path, transform=transform, max_open_shards=max_open_shards)
+    return cls(path, transform=transform, max_open_shards=max_open_shards, **remote)

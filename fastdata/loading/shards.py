@@ -35,6 +35,17 @@ img/s; 2000-sample shards (4 parts a batch) 447-590k, with a stat per part
 truncated under a reader is thus reported within a second of reading it,
 where the window of one file is one batch. One file is a store of one shard,
 compared before every read.
+
+NOTE [cached shards]: a store of a URL (fastdata.loading.remote) has a
+``cache`` (fastdata.storage.ShardCache): a shard is opened from its local
+copy, fetched (verified against the index's size and crc32) on first touch
+unless a prefetcher has fetched it already, and held while open so that no
+process evicts it; closing it releases it. Its local copy may be evicted and
+fetched again between two opens (another inode), so a cached shard is
+checked in full at every open and its fingerprint forgotten when it closes;
+those checks cost 0.3-1.6 ms an open (NOTE [open shards]), against a fetch.
+A store closes its stale shards when the cache runs short of room (NOTE
+[cache room] in remote.py).
 """
 
 import os
@@ -64,9 +75,10 @@ class ShardStore:
         read: ``read_hdf5`` or ``read_arrow``.
         max_open_shards: the most shards kept open between batches; None: ``default_max_open_shards()``.
         recheck_seconds: how long an open shard is read before its fingerprint is compared again.
+        cache: for shards at a URL, the ShardCache their local copies come from (see NOTE [cached shards]).
     """
 
-    def __init__(self, index: ShardIndex, read, max_open_shards=None, recheck_seconds=RECHECK_SECONDS):
+    def __init__(self, index: ShardIndex, read, max_open_shards=None, recheck_seconds=RECHECK_SECONDS, cache=None):
         max_open_shards = default_max_open_shards() if max_open_shards is None else max_open_shards
         if not isinstance(max_open_shards, int) or isinstance(max_open_shards, bool) or max_open_shards < 1:
             raise OptionError(f"max_open_shards should be a positive integer, got max_open_shards={max_open_shards!r}")
@@ -74,7 +86,8 @@ class ShardStore:
         self._read = read
         self.max_open_shards = max_open_shards
         self.recheck_seconds = recheck_seconds
-        self._paths = [index.path(shard) for shard in range(index.num_shards)]
+        self.cache = cache
+        self._paths = [index.path(shard) for shard in range(index.num_shards)]  # URLs for a cached store
         self._fingerprints = {}  # shard -> fingerprint when checked, carried into workers
         self._cached = {}  # "labels", "lengths": int64 [N] over all shards, made on first ask
         self._advice = None  # the access pattern set on every shard's sample column as it opens; see readahead.py
@@ -107,6 +120,10 @@ class ShardStore:
         self._checked_at = np.full(shards, -np.inf)  # shard -> when its fingerprint was last compared
         self._label_bases = np.zeros(shards, np.int64)  # shard -> the address of its open label column
         self._batches, self._held = 0, set()  # the numbers of the open shards
+        self._local = {} if self.cache is not None else None  # shard -> its local copy while open (cached)
+        if self.cache is not None:  # a forked process: its copies may be other files (NOTE [cached shards])
+            self._fingerprints = {}
+            self.cache.attach(self)
         self._lock, self._pid = threading.Lock(), os.getpid()
 
     def parts(self, indices):
@@ -185,19 +202,68 @@ class ShardStore:
             self._held.add(shard)
             while len(self._held) > self.max_open_shards:  # an argmin over the open shards, not all of them
                 held = np.fromiter(self._held, np.int64, len(self._held))
-                oldest = int(held[np.argmin(self._used[held])])
-                self._open[oldest], self._checked_at[oldest] = None, -np.inf
-                self._held.discard(oldest)
+                self._close(int(held[np.argmin(self._used[held])]))
         return columns
+
+    def _close(self, shard):
+        """Drop ``shard``'s maps; a cached shard is released to the cache and checked in full when reopened."""
+        self._open[shard], self._checked_at[shard] = None, -np.inf
+        self._held.discard(shard)
+        if self.cache is not None:
+            self._fingerprints.pop(shard, None)
+            del self._local[shard]
+            self.cache.release(shard)
+
+    def _path(self, shard):
+        """Return the local file of ``shard``: its path, or its cached copy while open."""
+        return self._paths[shard] if self.cache is None else self._local[shard]
+
+    def _stat(self, path):
+        """Return the fingerprint of ``path``; a cached copy's without its mtime, which the cache touches (LRU)."""
+        size, mtime, inode = _fingerprint(path)
+        return size, 0 if self.cache is not None else mtime, inode
 
     def _open_shard(self, shard):
         """Open ``shard``: checked in full the first time, compared with its fingerprint after that."""
+        if self.cache is not None:
+            return self._open_cached(shard)
         if shard in self._fingerprints:
             self._check_unchanged(shard)
             return _plain(self._read(self._paths[shard], check=False)[0])
-        path = self._paths[shard]
+        return self._checked(shard, self._paths[shard])
+
+    def _open_cached(self, shard):
+        """Open the local copy of a cached ``shard``, fetched and held first (see NOTE [cached shards])."""
+        self._make_room(shard)
+        self._local[shard] = self.cache.fetch(shard)  # held, so that no process evicts it
         try:
-            fingerprint = _fingerprint(path)
+            return self._checked(shard, self._local[shard])
+        except BaseException:
+            del self._local[shard]
+            self.cache.release(shard)
+            raise
+
+    def _make_room(self, shard):
+        """Close the open shards the current batch does not read if the cache is short of room (NOTE [cache room])."""
+        if self.cache.is_short(shard):
+            self._close_idle()
+
+    def _close_idle(self):
+        for held in [held for held in self._held if self._used[held] < self._batches]:
+            self._close(held)
+
+    def release_idle(self):
+        """Close the open shards the last batch did not read, unless a batch opens shards now (NOTE [cache room])."""
+        if self._pid == os.getpid() and self._lock.acquire(blocking=False):
+            try:
+                self._close_idle()
+            finally:
+                self._lock.release()
+
+    def _checked(self, shard, path):
+        """Open the file ``path`` of ``shard`` checked in full: size, structure, samples, fingerprint."""
+        try:
+            fingerprint = self._stat(path)
         except FileNotFoundError:
             raise self._damaged(shard, "is missing") from None
         if fingerprint[0] != self.index.sizes[shard]:
@@ -215,15 +281,17 @@ class ShardStore:
         return _plain(columns)
 
     def _damaged(self, shard, what):
+        advice = (f'Run "fastdata verify {self.index.root}" for details, and convert the source again.'
+                  if self.cache is None else "Convert the source again, or restore the shard.")
         return FormatError(
             f"{self._paths[shard]!r} {what}: shard {shard} of {self.index.root!r} does not match its {INDEX_NAME}. "
-            f'Run "fastdata verify {self.index.root}" for details, and convert the source again.'
+            + advice
         )
 
     def _check_unchanged(self, shard):
         """Raise FormatError if ``shard`` is not the file it was when first checked (see NOTE [fingerprint])."""
         try:
-            now = _fingerprint(self._paths[shard])
+            now = self._stat(self._path(shard))
         except FileNotFoundError:
             now = None
         before = self._fingerprints[shard]
@@ -287,8 +355,11 @@ class ShardStore:
         return self._cached[name]
 
     def __getstate__(self):
-        return {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None, "_pid": None,
-                "_cached": {}}
+        state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,
+                 "_pid": None, "_cached": {}, "_local": None}
+        if self.cache is not None:  # another process's copies may be other files: see NOTE [cached shards]
+            state["_fingerprints"] = {}
+        return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)

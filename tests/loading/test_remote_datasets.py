@@ -1,0 +1,319 @@
+"""A shard folder read from S3 (moto on loopback): equal to the local folder, within its cache limit, fault-tolerant."""
+
+import gc
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from fastdata import make_loader, open_dataset
+from fastdata.errors import FormatError, NotFoundError, OptionError
+from fastdata.loading.remote import ShardReadAhead
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")  # aiohttp sessions of s3fs closed at exit
+
+_READ_ALL = """
+import hashlib, sys
+import numpy as np
+from fastdata import open_dataset
+url, endpoint, cache_dir = sys.argv[1:4]
+dataset = open_dataset(url, storage_options={"endpoint_url": endpoint, "key": "testing", "secret": "testing"},
+                       cache_dir=cache_dir, prefetch=0)
+digest = hashlib.sha256()
+for start in range(0, len(dataset), 3):
+    for tensor in dataset.read_batch(np.arange(start, min(start + 3, len(dataset)))):
+        digest.update(tensor.numpy().tobytes())
+print(digest.hexdigest())
+"""
+
+
+@pytest.fixture(params=["raw", "jpeg", "text"])
+def kind(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def remote_text(s3_server, shard_converted):
+    """Return ``get(fmt) -> (local folder, URL)``: the converted text shard folder, uploaded once."""
+    from storage.servers import upload
+
+    cache = {}
+
+    def get(fmt):
+        if fmt not in cache:
+            local = shard_converted(fmt, "text")
+            cache[fmt] = local, upload(local, s3_server.bucket() + "/text", s3_server.storage_options)
+        return cache[fmt]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def many_shards(s3_server, shard_split, packed_files, tmp_path_factory):
+    """``(local folder, URL)``: the session's raw HDF5 images in 12 shards of 2 samples."""
+    from storage.servers import upload
+
+    local = shard_split(packed_files("hdf5", "raw"), tmp_path_factory.mktemp("many") / "shards", counts=(2,))
+    return local, upload(local, s3_server.bucket() + "/many", s3_server.storage_options)
+
+
+@pytest.fixture
+def folders(remote_shards, remote_text, fmt, kind):
+    """``(local folder, URL)`` of one dataset."""
+    return remote_text(fmt) if kind == "text" else remote_shards(fmt, kind)
+
+
+def open_remote(url, s3_server, cache_dir, endpoint=None, **options):
+    storage_options = {**s3_server.storage_options, **({"endpoint_url": endpoint} if endpoint else {})}
+    return open_dataset(url, storage_options=storage_options, cache_dir=cache_dir, **options)
+
+
+def cached_files(cache_dir):
+    """Return ``{name: size}`` of the files under ``cache_dir`` (lock files left out)."""
+    found = {}
+    for parent, _, names in os.walk(cache_dir):
+        for name in names:
+            if not name.endswith(".lock"):
+                try:
+                    found[name] = os.path.getsize(os.path.join(parent, name))
+                except FileNotFoundError:  # evicted while listed
+                    pass
+    return found
+
+
+def batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert len(x) == len(y) and all(torch.equal(s, t) for s, t in zip(x, y))
+
+
+def digest_of(dataset):
+    digest = hashlib.sha256()
+    for start in range(0, len(dataset), 3):
+        for tensor in dataset.read_batch(np.arange(start, min(start + 3, len(dataset)))):
+            digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def upload_copy(local, s3_server):
+    from storage.servers import upload
+
+    return upload(local, s3_server.bucket() + "/copy", s3_server.storage_options)
+
+
+# ---------------------------------------------------------------- the same dataset
+
+
+def test_a_url_reads_as_the_local_folder_item_by_item_and_batch_by_batch(folders, s3_server, tmp_path):
+    local_root, url = folders
+    local = open_dataset(local_root)
+    remote = open_remote(url, s3_server, tmp_path)
+    assert type(remote) is type(local) and remote.is_remote and not local.is_remote
+    assert remote.path == url and remote.shard_paths == [f"{url}/{name}" for name in local._store.index.names]
+    assert remote.fingerprint == local.fingerprint and len(remote) == len(local) >= 20
+    assert 4 <= remote.num_shards <= 10 and url in repr(remote)
+    assert not cached_files(tmp_path), "no shard is fetched when the dataset opens"
+    for index in range(len(local)):
+        x, y = remote[index], local[index]
+        assert torch.equal(x[0], y[0]) and x[1] == y[1]
+    indices = np.random.default_rng(0).permutation(len(local))[:13]
+    batches_equal([remote.read_batch(indices)], [local.read_batch(indices)])
+    loader = make_loader(remote, 4, shuffle=True)
+    order = loader.sampler.describe()
+    assert order["shuffle"] == "block" and isinstance(loader.sampler.readahead, ShardReadAhead)
+    twin = make_loader(local, 4, shuffle="block", block_size=order["block_size"], window=order["window"])
+    batches_equal(list(loader), list(twin))
+
+
+def test_a_plain_http_url_reads_as_the_local_folder(shard_converted, http_server, tmp_path):
+    local_root = shard_converted("arrow", "text")
+    shutil.copytree(local_root, tmp_path / "served")
+    remote = open_dataset(http_server.url_of("served"), cache_dir=tmp_path / "cache")
+    local = open_dataset(local_root)
+    batches_equal(list(make_loader(remote, 4, shuffle="block", block_size=3, window=2)),
+                  list(make_loader(local, 4, shuffle="block", block_size=3, window=2)))
+
+
+def test_options_are_checked(remote_shards, s3_server, tmp_path):
+    local_root, url = remote_shards("hdf5", "raw")
+    with pytest.raises(OptionError, match="apply to URLs"):
+        open_dataset(local_root, cache_limit=1 << 20)
+    with pytest.raises(OptionError, match="prefetch"):
+        open_remote(url, s3_server, tmp_path, prefetch=-1)
+    with pytest.raises(NotFoundError, match="index.json"):
+        open_remote(url + "-missing", s3_server, tmp_path)
+
+
+# ---------------------------------------------------------------- the cache
+
+
+def test_an_epoch_with_workers_stays_within_the_cache_limit(many_shards, s3_server, tmp_path):
+    local_root, url = many_shards
+    local = open_dataset(local_root)
+    largest = int(max(os.path.getsize(path) for path in local.shard_paths))
+    limit = 3 * 2 * largest  # 3 shards a worker
+    remote = open_remote(url, s3_server, tmp_path, cache_limit=limit)
+    most, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            most[0] = max(most[0], sum(cached_files(tmp_path).values()))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        loader = make_loader(remote, 3, shuffle=True, num_workers=2, persistent_workers=False)
+        labels = torch.cat([labels for _, labels in loader])
+    finally:
+        done.set()
+        watcher.join(10)
+    assert sorted(labels.tolist()) == sorted(local.labels.tolist())
+    assert 0 < most[0] <= limit + largest, f"the cache held {most[0]} bytes, its limit is {limit}"
+
+
+def test_two_processes_sharing_a_cache_download_each_shard_once(remote_shards, s3_server, tmp_path):
+    from fastdata.measure.throttle import ThrottlingProxy
+
+    local_root, url = remote_shards("arrow", "jpeg")
+    local = open_dataset(local_root)
+    expected = digest_of(local)
+    with ThrottlingProxy(s3_server.endpoint, bandwidth=local.nbytes / 2) as proxy:  # 2 s for all shards
+        open_remote(url, s3_server, tmp_path / "opened", endpoint=proxy.url)
+        opening = proxy.requests  # reading the index
+        readers = [run_reader(url, proxy.url, tmp_path / "shared") for _ in range(2)]
+        assert [reader.communicate(timeout=60)[0].strip() for reader in readers] == [expected] * 2
+        assert proxy.requests - opening == 2 * opening + local.num_shards, "a shard was downloaded twice"
+    assert sorted(cached_files(tmp_path / "shared")) == sorted(os.path.basename(path) for path in local.shard_paths)
+
+
+def run_reader(url, endpoint, cache_dir):
+    return subprocess.Popen([sys.executable, "-c", _READ_ALL, url, endpoint, str(cache_dir)], stdout=subprocess.PIPE,
+                            text=True)
+
+
+class RecordingPrefetcher:
+    """A Prefetcher that fetches nothing: it records the shards it would keep fetched."""
+
+    made = []
+
+    def __init__(self, cache, ahead, threads):
+        self.ahead, self.sequence, self.position = ahead, [], 0
+        RecordingPrefetcher.made.append(self)
+
+    def want(self, shards):
+        self.sequence, self.position = list(shards), 0
+
+    def advance(self, position):
+        self.position = position
+
+    def kept(self):
+        return set(self.sequence[self.position : self.position + self.ahead])
+
+
+@pytest.mark.parametrize("shuffle", ["block", "uniform", "none"])
+def test_the_read_ahead_asks_for_each_steps_shards_before_it_is_read(many_shards, s3_server, tmp_path, monkeypatch,
+                                                                    shuffle):
+    monkeypatch.setattr("fastdata.loading.remote.Prefetcher", RecordingPrefetcher)
+    remote = open_remote(many_shards[1], s3_server, tmp_path, cache_limit=6 * int(max(
+        open_dataset(many_shards[0])._store.index.sizes)))
+    loader = make_loader(remote, 4, shuffle=shuffle, rank=1, world_size=2, seed=3)
+    sampler, index = loader.sampler, remote._store.index
+    for epoch in range(2):
+        for batch in sampler.batches(epoch):
+            kept = RecordingPrefetcher.made[-1].kept()
+            assert set(index.shard_of(batch).tolist()) <= kept or shuffle == "uniform"
+            assert len(kept) <= sampler.readahead.ahead + (sampler.order.window if shuffle == "block" else 1)
+    if shuffle == "block":
+        assert sampler.order.window == 3 and sampler.order.block_size == 2  # two windows fit 6 shards
+    assert not cached_files(tmp_path), "the recording prefetcher fetches nothing"
+
+
+# ---------------------------------------------------------------- faults
+
+
+@pytest.mark.parametrize("fault", ["deleted", "corrupted"])
+def test_a_shard_deleted_or_damaged_on_the_server_is_named(remote_shards, s3_server, tmp_path, fault):
+    from fastdata.storage.urls import filesystem
+
+    local_root, _ = remote_shards("hdf5", "raw")
+    url = upload_copy(local_root, s3_server)
+    remote = open_remote(url, s3_server, tmp_path)
+    fs, _ = filesystem(url, s3_server.storage_options)
+    name = remote.shard_paths[2].rsplit("/", 1)[1]
+    if fault == "deleted":
+        fs.rm_file(f"{fs._strip_protocol(url)}/{name}")
+    else:
+        data = bytearray(fs.cat_file(f"{fs._strip_protocol(url)}/{name}"))
+        data[len(data) // 2] ^= 0xFF
+        fs.pipe_file(f"{fs._strip_protocol(url)}/{name}", bytes(data))
+    start = int(open_dataset(local_root)._store.index.starts[2])
+    remote.read_batch(np.arange(start))  # the shards before it are fine
+    with pytest.raises((FormatError, NotFoundError)) as error:
+        remote.read_batch(np.arange(start, start + 1))
+    assert remote.shard_paths[2] in str(error.value) and "shard 2" in str(error.value)
+    assert not [found for found in cached_files(tmp_path) if name in found], "nothing unverified is kept"
+
+
+def test_a_server_failing_one_request_in_five_still_gives_the_epoch(remote_shards, s3_server, tmp_path):
+    from fastdata.measure.throttle import ThrottlingProxy
+
+    local_root, url = remote_shards("arrow", "raw")
+    local = open_dataset(local_root)
+    with ThrottlingProxy(s3_server.endpoint, fail_every=5) as proxy:
+        remote = open_remote(url, s3_server, tmp_path, endpoint=proxy.url)
+        loader = make_loader(remote, 5, shuffle=True)
+        order = loader.sampler.describe()
+        batches_equal(list(loader), list(make_loader(local, 5, shuffle="block", block_size=order["block_size"],
+                                                     window=order["window"])))
+        assert proxy.failed >= 1
+
+
+def test_a_reader_killed_mid_download_leaves_nothing_that_blocks_a_rerun(remote_shards, s3_server, tmp_path):
+    from fastdata.measure.throttle import ThrottlingProxy
+
+    local_root, url = remote_shards("hdf5", "jpeg")
+    expected = digest_of(open_dataset(local_root))
+    largest = max(open_dataset(local_root)._store.index.sizes)
+    with ThrottlingProxy(s3_server.endpoint, bandwidth=largest / 3) as proxy:  # 3 s a shard
+        reader = run_reader(url, proxy.url, tmp_path)
+        try:
+            deadline = time.monotonic() + 30
+            while not any(name.endswith(".partial") for name in cached_files(tmp_path)):
+                assert time.monotonic() < deadline and reader.poll() is None, "no download started"
+                time.sleep(0.01)
+            time.sleep(0.3)
+        finally:
+            reader.send_signal(signal.SIGKILL)
+            reader.communicate(timeout=30)
+    assert any(name.endswith(".partial") for name in cached_files(tmp_path))
+    remote = open_remote(url, s3_server, tmp_path)
+    assert digest_of(remote) == expected
+    assert not [name for name in cached_files(tmp_path) if name.endswith(".partial")]
+
+
+# ---------------------------------------------------------------- resuming
+
+
+def test_a_remote_loader_resumes_from_its_state(remote_shards, s3_server, tmp_path):
+    local_root, url = remote_shards("arrow", "raw")
+    limit = 3 * int(max(open_dataset(local_root)._store.index.sizes))
+    remote = open_remote(url, s3_server, tmp_path, cache_limit=limit)
+    whole = list(make_loader(remote, 3, shuffle=True, seed=5))
+    loader = make_loader(remote, 3, shuffle=True, seed=5)
+    batches = iter(loader)
+    first = [next(batches) for _ in range(3)]
+    state = loader.state_dict()
+    del batches, loader, remote  # as a new process would: the shards it held are released
+    gc.collect()
+    resumed = make_loader(open_remote(url, s3_server, tmp_path, cache_limit=limit), 3, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    batches_equal(first + list(resumed), whole)
