@@ -35,6 +35,9 @@ NOTE [zygote] in fresh.py):
 * training: the example ResNet's training loop (examples/train_resnet.py)
   from a raw image folder against packed raw and jpeg files: img/s and
   data-wait.
+* streaming: 64 px raw and 224 px jpeg shard folders read from a local S3
+  server (moto) through a throttling proxy (20 and 50 ms, 100 MB/s) against
+  the same folders read locally: epochs 1 and 2, the first batch, cache limits.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -54,12 +57,13 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
-            "fusedcrop", "training")
+            "fusedcrop", "training", "streaming")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
         "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
-        "shard_compare": 10_000}
+        "shard_compare": 10_000, "stream_images": 6000}
 QUICK = {"num_images": 200, "sizes": "64,224", "repeats": 1, "process_repeats": 1, "min_seconds": 0.05,
-         "text_docs": 600, "memory_samples": 20_000, "tiny_images": 200, "shard_images": 300, "shard_compare": 200}
+         "text_docs": 600, "memory_samples": 20_000, "tiny_images": 200, "shard_images": 300, "shard_compare": 200,
+         "stream_images": 200}
 
 
 def parse_args(argv=None):
@@ -80,6 +84,8 @@ def parse_args(argv=None):
     parser.add_argument("--shard-images", type=int, help="images of the shards section's big source (default 200000)")
     parser.add_argument("--shard-compare", type=int,
                         help="images of the shards section's comparisons, resume and loading (default 10000)")
+    parser.add_argument("--stream-images", type=int,
+                        help="images of the streaming section's shard folders (default 6000; --quick 200)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and the shuffles")
     parser.add_argument("--workdir", default=os.path.join(RESULTS, "tmp"), help="cache of data and packed files")
     parser.add_argument("--out-dir", help="where results.json, results.md and the plots go")
@@ -98,7 +104,7 @@ def parse_args(argv=None):
     if args.out_dir is None:
         args.out_dir = os.path.join(RESULTS, "tmp", "quick") if args.quick else RESULTS
     for name in ("num_images", "batch_size", "workers", "repeats", "process_repeats", "text_docs", "memory_samples",
-                 "shard_images", "shard_compare"):
+                 "shard_images", "shard_compare", "stream_images"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} should be a positive integer, got {getattr(args, name)}")
     return args
@@ -107,7 +113,8 @@ def parse_args(argv=None):
 def config_of(args):
     """Return the plain dict every section gets (it travels to the measuring processes)."""
     keys = ("quick", "num_images", "sizes", "batch_size", "workers", "repeats", "process_repeats", "min_seconds",
-            "text_docs", "memory_samples", "tiny_images", "shard_images", "shard_compare", "seed", "workdir")
+            "text_docs", "memory_samples", "tiny_images", "shard_images", "shard_compare", "stream_images", "seed",
+            "workdir")
     config = {key: getattr(args, key) for key in keys}
     config["workdir"] = os.path.abspath(config["workdir"])
     return config
