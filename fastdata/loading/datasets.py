@@ -177,8 +177,11 @@ class PackedDataset(Dataset):
     def __getitem__(self, index):
         """Return ``(sample, label int)`` read on its own."""
         index = self._check_index(index)
-        columns, row, path = self._store.locate(index)
-        sample = self._open().item(columns, row, path)
+        columns, row, path, release = self._store.locate(index)
+        try:
+            sample = self._open().item(columns, row, path)
+        finally:
+            release()
         if self.transform is not None:
             sample = self.transform(sample)
         return sample, int(columns.labels[row])
@@ -208,7 +211,10 @@ class PackedDataset(Dataset):
         """
         indices = self._check_indices(np.asarray(indices, dtype=np.int64))
         parts = self._store.parts(indices)
-        samples = self._open().batch_parts(parts, pin_memory, **options)
+        try:
+            samples = self._open().batch_parts(parts, pin_memory, **options)
+        finally:
+            parts.release()  # see NOTE [stitched rows] in stitch.py
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
         return (*samples, torch.from_numpy(parts.labels()))

@@ -60,6 +60,7 @@ from fastdata.formats import Columns
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index, shard_differences
 from fastdata.loading.decoders import Parts, label_bases
 from fastdata.loading.readahead import advise_column, column_spans, hint_spans
+from fastdata.loading.stitch import StitchedRows
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
@@ -91,6 +92,7 @@ class ShardStore:
         self._fingerprints = {}  # shard -> fingerprint when checked, carried into workers
         self._cached = {}  # "labels", "lengths": int64 [N] over all shards, made on first ask
         self._advice = None  # the access pattern set on every shard's sample column as it opens; see readahead.py
+        self._stitch = _stitched_rows(index)  # see NOTE [stitched rows] in stitch.py
         self._reset()
 
     @classmethod
@@ -135,15 +137,25 @@ class ShardStore:
         shards = self.index.shard_of(indices)
         cuts = np.flatnonzero(shards[1:] != shards[:-1]) + 1
         numbers = shards[np.concatenate(([0], cuts))]
-        paths = self._paths
-        columns, bases = self._columns_and_label_bases(numbers)
-        return Parts(columns, indices - self.index.starts[shards], [0, *cuts.tolist(), len(indices)],
-                     [paths[number] for number in numbers.tolist()], bases)
+        paths, rows = self._paths, indices - self.index.starts[shards]
+        columns, bases, stitched = self._columns_and_label_bases(numbers, lease=True)
+        parts = Parts(columns, rows, [0, *cuts.tolist(), len(indices)], [paths[number] for number in numbers.tolist()],
+                      bases)
+        if self._stitch is not None:  # leased: no slot this batch reads is unmapped until it is released
+            stitch = self._stitch
+            parts.hold(stitch.release, (stitch.view, stitch.rows(shards, indices)) if stitched else None)
+        return parts
 
     def locate(self, index):
-        """Return ``(columns, row, path)`` of global sample ``index`` (checked, non-negative)."""
+        """Return ``(columns, row, path, release)`` of global sample ``index`` (checked, non-negative).
+
+        Call ``release()`` once the row is read: until then its shard's rows stay mapped
+        (see NOTE [stitched rows] in stitch.py).
+        """
         shard = int(np.searchsorted(self.index.starts, index, side="right")) - 1
-        return self.columns([shard])[0], index - int(self.index.starts[shard]), self._paths[shard]
+        (columns,), _, _ = self._columns_and_label_bases([shard], lease=True)
+        release = _no_lease if self._stitch is None else self._stitch.release
+        return columns, index - int(self.index.starts[shard]), self._paths[shard], release
 
     def columns(self, shards):
         """Return the open Columns of each of ``shards``, opening (and closing the least recently used) as needed.
@@ -158,24 +170,41 @@ class ShardStore:
         """
         return self._columns_and_label_bases(shards)[0]
 
-    def _columns_and_label_bases(self, shards):
-        """Return ``columns(shards)`` and their ``label_bases`` (see Parts), taken together under the lock."""
+    def _columns_and_label_bases(self, shards, lease=False):
+        """Return ``columns(shards)``, their ``label_bases`` (see Parts) and whether their rows are all stitched.
+
+        Taken together under the lock. With ``lease``, a store's StitchedRows is leased before any
+        shard opens, so that no slot the caller reads is unmapped meanwhile; the caller releases it
+        once the rows are read (see NOTE [stitched rows] in stitch.py).
+        """
         if self._pid != os.getpid():  # see NOTE [lazy open] in datasets.py
             self._reset()
         shards = np.asarray(shards, dtype=np.int64)
+        leased = lease and self._stitch is not None
         with self._lock:
-            self._batches += 1
-            self._used[shards] = self._batches  # before opening: this batch's shards are closed last
-            opened = [self._open[shard] for shard in shards.tolist()]
-            if None in opened:
-                opened = [self._opened(shard) if columns is None else columns
-                          for shard, columns in zip(shards.tolist(), opened)]
-            now = time.monotonic()
-            for shard in shards[self._checked_at[shards] <= now - self.recheck_seconds].tolist():
-                self._check_unchanged(shard)
-                self._checked_at[shard] = now
-            bases = self._label_bases[shards]
-        return opened, bases
+            if leased:
+                self._stitch.lease()
+            try:
+                opened, bases = self._opened_and_checked(shards)
+            except BaseException:
+                if leased:
+                    self._stitch.release()
+                raise
+            return opened, bases, leased and self._stitch.covers(shards)
+
+    def _opened_and_checked(self, shards):
+        """Return the Columns and label bases of int64 ``shards``, opened and compared as needed (under the lock)."""
+        self._batches += 1
+        self._used[shards] = self._batches  # before opening: this batch's shards are closed last
+        opened = [self._open[shard] for shard in shards.tolist()]
+        if None in opened:
+            opened = [self._opened(shard) if columns is None else columns
+                      for shard, columns in zip(shards.tolist(), opened)]
+        now = time.monotonic()
+        for shard in shards[self._checked_at[shards] <= now - self.recheck_seconds].tolist():
+            self._check_unchanged(shard)
+            self._checked_at[shard] = now
+        return opened, self._label_bases[shards]
 
     def _only(self):
         """Return the Columns of a store of one shard: ``columns([0])`` without the arrays (one file: every read)."""
@@ -195,6 +224,8 @@ class ShardStore:
         columns = self._open[shard]
         if columns is None:  # not opened by an earlier part of this batch
             columns = self._open[shard] = self._open_shard(shard)
+            if self._stitch is not None:  # its rows read from their slot from now on (NOTE [stitched rows])
+                columns = self._open[shard] = self._stitch.place(shard, columns)
             self._label_bases[shard] = label_bases([columns])[0]
             if self._advice is not None:
                 advise_column(columns.samples, self._advice)
@@ -209,6 +240,8 @@ class ShardStore:
         """Drop ``shard``'s maps; a cached shard is released to the cache and checked in full when reopened."""
         self._open[shard], self._checked_at[shard] = None, -np.inf
         self._held.discard(shard)
+        if self._stitch is not None:
+            self._stitch.retire(shard)
         if self.cache is not None:
             self._fingerprints.pop(shard, None)
             del self._local[shard]
@@ -374,6 +407,18 @@ def default_max_open_shards():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     least, most = _OPEN_SHARDS_RANGE
     return most if soft == resource.RLIM_INFINITY else min(max(soft // 8, least), most)
+
+
+def _no_lease():
+    """The release of a read that holds no lease."""
+
+
+def _stitched_rows(index):
+    """Return the StitchedRows of a folder of fixed-size rows (raw images), else None (one file, ragged rows)."""
+    metadata = index.metadata
+    if index.num_shards < 2 or metadata.get("storage") != "raw":
+        return None
+    return StitchedRows(np.diff(index.starts), metadata["sample_shape"], metadata["sample_dtype"])
 
 
 def _plain(columns):
