@@ -23,6 +23,7 @@ _EXPORTS = {
     "OptionError": "fastdata.errors",
     "OutputExistsError": "fastdata.errors",
     "ProfileReport": "fastdata.measure.profiler",
+    "RemoteError": "fastdata.errors",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
     "Tokenizer": "fastdata.codecs.tokenizers",
