@@ -65,7 +65,7 @@ BATCH = 256
 VS_LOCAL = 0.9  # targets
 FIRST_BATCH_SECONDS = 2.0
 WATCH_SECONDS = 0.02
-ROW_SECONDS = 20  # a remote row's deadline (--quick 8); see NOTE [row deadline]
+ROW_SECONDS = 20  # a remote row's deadline (--quick 5); see NOTE [row deadline]
 LITDATA = "litdata"  # the peer's rows: LitData's StreamingDataset over the 64 px raw samples
 BUCKET = "fastdata-streaming"
 
@@ -109,7 +109,7 @@ def run(config, fresh):
         urls = {kind: objectstore.upload(folder["path"], folder["files"], f"s3://{BUCKET}/{kind}", direct)
                 for kind, folder in folders.items()}
         setup = {"folders": {kind: folder["path"] for kind, folder in folders.items()}, "urls": urls,
-                 "row_seconds": 8 if config["quick"] else ROW_SECONDS,
+                 "row_seconds": 5 if config["quick"] else ROW_SECONDS,
                  "proxies": {str(latency): url for latency, url in proxies.items()},
                  "largest_shard": {kind: folder["largest_shard"] for kind, folder in folders.items()},
                  "batch_size": min(BATCH, config["batch_size"]), "min_seconds": config["min_seconds"],
@@ -406,7 +406,8 @@ class RowTimeout(Exception):
 
 # NOTE [row deadline]: a cache too small for what its readers hold makes a
 # fetch wait for room (ShardCache.wait_seconds, 30 s) before it goes over
-# the limit. At commit b019497 the 2-shard row stalled so in every round:
+# the limit. At commit 964c374 the 2- and 4-shard rows stalled past 20 s
+# in every round of the 6,000-image run; in the 2-shard row of 160 images:
 # a batch spanning two shards held both, and the prefetcher, fetching the
 # next one, waited for room while holding that shard's lock, which the
 # reader's own fetch of it then waited on (faulthandler's stacks after 8 s).

@@ -73,7 +73,8 @@ def test_targets_are_finite_and_the_report_renders_them(section):
     assert sum("epoch 2 vs local" in name for name in names) == 2 * len(streaming.LATENCIES)
     assert sum("first batch" in name for name in names) == 2 * len(streaming.LATENCIES)
     assert sum("peak cache" in name for name in names) == len(streaming.CACHE_SHARDS)
-    assert all(math.isfinite(t["value"]) and t["value"] > 0 and isinstance(t["pass"], bool) for t in targets)
+    assert all(math.isfinite(t["value"]) and t["value"] >= 0 and isinstance(t["pass"], bool) for t in targets)
+    assert all(t["value"] > 0 for t in targets if "rounds that read" not in t["name"])  # that one: 0 of 1 rounds
     text = section["text"]
     assert text.startswith("## Streaming") and "| shards" in text and "| other tool" in text
     assert [row["tool"] for row in section["peers"]] == ["LitData StreamingDataset", "Mosaic StreamingDataset"]
