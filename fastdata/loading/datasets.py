@@ -72,7 +72,7 @@ class PackedDataset(Dataset):
         storage_options: a URL's fsspec options (credentials, ``endpoint_url``...); default: fsspec's own.
         cache_dir: where a URL's shards are cached; default ``$FASTDATA_CACHE``, else the user's cache folder.
         cache_limit: bytes of a URL's cached shards; default: half the cache's free disk.
-        prefetch: shards a loader fetches ahead of the one it reads (URLs only); default 4, 0: none.
+        prefetch: shards a loader fetches ahead of the one it reads (URLs only); default 16, 0: none.
     """
 
     format = None  # "hdf5" or "arrow", set by subclasses

@@ -212,8 +212,8 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     group = dist.is_available() and dist.is_initialized()
     rank, world_size = resolve_rank(rank, world_size)
     remote = isinstance(dataset, PackedDataset) and getattr(dataset, "is_remote", False)
-    fits = not isinstance(dataset, PackedDataset) or (not remote and choose_shuffle(dataset)[0] == "uniform")
-    shuffle = _shuffle_mode(shuffle, fits, group)
+    fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"  # the page cache
+    shuffle = _shuffle_mode(shuffle, fits and not remote, group)
     if shuffle == "block" and None in (block_size, window):
         if not isinstance(dataset, PackedDataset):
             raise OptionError(f"shuffle='block' over a {type(dataset).__name__} needs block_size and window")

@@ -183,9 +183,11 @@ class EpochOrder:
         return out
 
     def window_of(self, epoch: int, position: int) -> int:
-        """Return the window holding ``position`` of ``epoch``'s sequence."""
-        position = np.array([position % max(self.num_samples, 1)], dtype=np.int64)
-        return int(self._window_of(position, self._blocks(epoch)[1])[0][0])
+        """Return the window holding ``position`` of ``epoch``'s sequence (``_window_of`` of one, in Python ints)."""
+        position = int(position) % max(self.num_samples, 1)
+        span, short_window = self.window * self.block_size, self._blocks(epoch)[1] // self.window
+        boundary = (short_window + 1) * span - self._short
+        return position // span if position < boundary else (position + self._short) // span
 
     def window_ranges(self, epoch: int, window: int) -> np.ndarray:
         """Return int64 ``[K, 2]`` sorted sample ranges ``[start, stop)``: the blocks of ``window`` of ``epoch``."""

@@ -167,8 +167,10 @@ class ShardCache:
         except FileNotFoundError:
             return False
 
-    def fetch(self, shard):
+    def fetch(self, shard, wait=True):
         """Return the local path of shard ``shard``'s complete, verified copy, downloading it unless present.
+
+        Without ``wait``, a shard the cache has no room for now is not downloaded: None is returned.
 
         Raises:
             NotFoundError: the shard is missing at the URL.
@@ -182,8 +184,8 @@ class ShardCache:
         if self._touch(shard):
             return path
         with self._locked(f".{self.index.names[shard]}.lock"):
-            if not self._touch(shard):
-                self._download(shard)
+            if not self._touch(shard) and not self._download(shard, wait):
+                return None
         return path
 
     def fetch_many(self, shards, threads=4):
@@ -267,10 +269,15 @@ class ShardCache:
 
     # ------------------------------------------------------------ downloading
 
-    def _download(self, shard):
-        """Download shard ``shard`` into the folder (its lock held): reserve room, copy, verify, rename."""
+    def _download(self, shard, wait=True):
+        """Download shard ``shard`` into the folder (its lock held): reserve room, copy, verify, rename.
+
+        Returns whether it did: without ``wait``, not when there is no room now.
+        """
         name, url = self.index.names[shard], self.url(shard)
-        partial = self._reserve(shard)
+        partial = self._reserve(shard, wait)
+        if partial is None:
+            return False
         try:
             for attempt in (1, 2):
                 size, crc = self._copy(shard, partial)
@@ -289,6 +296,7 @@ class ShardCache:
                 os.unlink(partial)
             raise
         sync_folder(self.folder)
+        return True
 
     def _copy(self, shard, partial):
         """Write the remote shard to ``partial``; return ``(bytes, crc32 hex)`` of what came.
@@ -324,10 +332,11 @@ class ShardCache:
 
     # ------------------------------------------------------------ room
 
-    def _reserve(self, shard):
+    def _reserve(self, shard, wait=True):
         """Make room for shard ``shard`` and create its partial file; return the partial file's path.
 
         See NOTE [shard cache]: waits up to ``wait_seconds`` for shards to be released, then goes over.
+        Without ``wait``: None when there is no room now.
         """
         name = self.index.names[shard]
         partial = os.path.join(self.folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}{_PARTIAL}")
@@ -335,6 +344,8 @@ class ShardCache:
         while True:
             with self._locked(_ROOM_LOCK):
                 fits, late = self._make_room(self._sizes[name]), time.monotonic() >= deadline
+                if not fits and not wait:
+                    return None
                 if fits or late:
                     if not fits:
                         warnings.warn(self._over_message(shard), RuntimeWarning, stacklevel=4)
