@@ -276,6 +276,13 @@ class ShardStore:
             self.cache.release(shard)
             raise
 
+    def fits_cache(self, indices):
+        """Return whether the shards of ``indices`` fit the cache together (a store without a cache: always)."""
+        if self.cache is None:
+            return True
+        touched = len(np.unique(self.index.shard_of(indices)))
+        return touched * int(self.index.sizes.max(initial=0)) <= self.cache.limit
+
     def _make_room(self, shard):
         """Close the open shards the current batch does not read if the cache is short of room (NOTE [cache room])."""
         if self.cache.is_short(shard):

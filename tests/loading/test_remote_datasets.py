@@ -180,6 +180,37 @@ def test_an_epoch_with_workers_stays_within_the_cache_limit(many_shards, s3_serv
     assert 0 < most[0] <= limit + largest, f"the cache held {most[0]} bytes, its limit is {limit}"
 
 
+@pytest.mark.parametrize("container, storage", [("hdf5", "raw"), ("arrow", "jpeg")])
+def test_batches_over_more_shards_than_a_two_shard_cache_holds_read_one_shard_at_a_time(
+        remote_shards, s3_server, tmp_path, container, storage):
+    # see NOTE [batch past the cache] in datasets.py: before, such a batch waited for room it held itself
+    local_root, url = remote_shards(container, storage)
+    local = open_dataset(local_root)
+    largest = int(max(os.path.getsize(path) for path in local.shard_paths))
+    remote = open_remote(url, s3_server, tmp_path, cache_limit=2 * largest, prefetch=0)
+    assert remote.num_shards >= 4
+    most, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            most[0] = max(most[0], sum(cached_files(tmp_path).values()))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        rng = np.random.default_rng(0)
+        for indices in (np.arange(len(local))[::-1], rng.permutation(len(local))[:9], np.array([0, 0, len(local) - 1])):
+            started = time.monotonic()
+            got, expected = remote.read_batch(indices), local.read_batch(indices)
+            assert time.monotonic() - started < 20, "a batch waited for the cache"
+            assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    finally:
+        done.set()
+        watcher.join(10)
+    assert 0 < most[0] <= 2 * largest + largest, f"the cache held {most[0]} bytes, its limit is {2 * largest}"
+
+
 def test_two_processes_sharing_a_cache_download_each_shard_once(remote_shards, s3_server, tmp_path):
     from fastdata.measure.throttle import ThrottlingProxy
 
