@@ -280,8 +280,10 @@ class ShardStore:
         """Return whether the shards of ``indices`` fit the cache together (a store without a cache: always)."""
         if self.cache is None:
             return True
-        touched = len(np.unique(self.index.shard_of(indices)))
-        return touched * int(self.index.sizes.max(initial=0)) <= self.cache.limit
+        largest = int(self.index.sizes.max(initial=0))
+        if largest * min(self.index.num_shards, len(indices)) <= self.cache.limit:  # no need to look
+            return True
+        return len(np.unique(self.index.shard_of(indices))) * largest <= self.cache.limit
 
     def _make_room(self, shard):
         """Close the open shards the current batch does not read if the cache is short of room (NOTE [cache room])."""
