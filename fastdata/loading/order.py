@@ -189,6 +189,15 @@ class EpochOrder:
         boundary = (short_window + 1) * span - self._short
         return position // span if position < boundary else (position + self._short) // span
 
+    def block_ranges(self, epoch: int) -> np.ndarray:
+        """Return int64 ``[num_blocks, 2]``: the samples ``[start, stop)`` of the block in each slot of ``epoch``.
+
+        Window ``w`` holds slots ``[w * window, (w + 1) * window)``; ``window_ranges`` gives one window's, sorted.
+        """
+        blocks, _ = self._blocks(epoch)
+        starts = blocks(np.arange(self.num_blocks, dtype=np.int64)) * self.block_size
+        return np.stack([starts, np.minimum(starts + self.block_size, self.num_samples)], axis=1)
+
     def window_ranges(self, epoch: int, window: int) -> np.ndarray:
         """Return int64 ``[K, 2]`` sorted sample ranges ``[start, stop)``: the blocks of ``window`` of ``epoch``."""
         blocks, _ = self._blocks(epoch)

@@ -229,7 +229,7 @@ class ShardReadAhead:
         self._sequence, self._place = [], {}  # shards in the order first read from ``step`` on; shard -> place
         self._reach, self._first = {}, {}  # step -> length of the sequence with its shards; its first shard's place
         self._wanted, self._offset = -1, 0  # the sequence's length when the prefetcher was last given it, from where
-        self._windows = {}  # window -> its shards (block order)
+        self._windows = None  # the shards of each window of the epoch (block order), made on first ask
         if fetch:
             self.advance(step)
 
@@ -246,7 +246,7 @@ class ShardReadAhead:
         self._first.pop(step - 1, None)
         fetcher, first = self._fetcher(), self._first[step]
         if self._wanted != len(self._sequence):  # from ``first`` on: want() starts at the sequence's start
-            fetcher.want(self._sequence[first:])
+            fetcher.want(self._sequence[first:], keep=self._wanted >= 0)  # the epoch's first want: anew
             self._wanted, self._offset = len(self._sequence), first
         fetcher.advance(first - self._offset)
 
@@ -278,14 +278,19 @@ class ShardReadAhead:
         return shards[np.sort(first)]
 
     def _window_shards(self, window):
-        """Return the shards of ``window``'s blocks, in file order."""
-        if window not in self._windows:
-            ranges = self.order.window_ranges(self._epoch, window)
-            first = self.index.shard_of(ranges[:, 0])
-            last = self.index.shard_of(ranges[:, 1] - 1)
-            shards = np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())])
-            self._windows = {key: value for key, value in self._windows.items() if key >= window - 1}
-            self._windows[window] = np.unique(shards)
+        """Return the shards of ``window``'s blocks, in file order (every window's, from one pass an epoch).
+
+        One keyed permutation of all the epoch's blocks, not one per window: each window's cost 150 us
+        here, a few every step of 256 samples (see NOTE [quiet advance] in fastdata/storage/prefetch.py).
+        """
+        if self._windows is None:
+            ranges = self.order.block_ranges(self._epoch)
+            first = self.index.shard_of(ranges[:, 0]).tolist()
+            last = self.index.shard_of(ranges[:, 1] - 1).tolist()
+            size = self.order.window
+            self._windows = [np.unique(np.concatenate([np.arange(a, b + 1) for a, b in
+                                                       zip(first[slot:slot + size], last[slot:slot + size])]))
+                             for slot in range(0, len(first), size)]
         return self._windows[window]
 
     def _fetcher(self):

@@ -240,7 +240,7 @@ class RecordingPrefetcher:
         self.ahead, self.sequence, self.position = ahead, [], 0
         RecordingPrefetcher.made.append(self)
 
-    def want(self, shards):
+    def want(self, shards, keep=False):
         self.sequence, self.position = list(shards), 0
 
     def advance(self, position):
