@@ -1,5 +1,6 @@
 """A shard folder read from S3 (moto on loopback): equal to the local folder, within its cache limit, fault-tolerant."""
 
+import contextlib
 import gc
 import hashlib
 import os
@@ -155,27 +156,34 @@ def test_options_are_checked(remote_shards, s3_server, tmp_path):
 # ---------------------------------------------------------------- the cache
 
 
+@contextlib.contextmanager
+def most_cached(cache_dir):
+    """Yield ``[bytes]``: the most file bytes under ``cache_dir`` seen while the block ran (read every 2 ms)."""
+    most, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            most[0] = max(most[0], sum(cached_files(cache_dir).values()))
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield most
+    finally:
+        done.set()
+        watcher.join(10)
+
+
 def test_an_epoch_with_workers_stays_within_the_cache_limit(many_shards, s3_server, tmp_path):
     local_root, url = many_shards
     local = open_dataset(local_root)
     largest = int(max(os.path.getsize(path) for path in local.shard_paths))
     limit = 3 * 2 * largest  # 3 shards a worker
     remote = open_remote(url, s3_server, tmp_path, cache_limit=limit)
-    most, done = [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            most[0] = max(most[0], sum(cached_files(tmp_path).values()))
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with most_cached(tmp_path) as most:
         loader = make_loader(remote, 3, shuffle=True, num_workers=2, persistent_workers=False)
         labels = torch.cat([labels for _, labels in loader])
-    finally:
-        done.set()
-        watcher.join(10)
     assert sorted(labels.tolist()) == sorted(local.labels.tolist())
     assert 0 < most[0] <= limit + largest, f"the cache held {most[0]} bytes, its limit is {limit}"
 
@@ -189,25 +197,13 @@ def test_batches_over_more_shards_than_a_two_shard_cache_holds_read_one_shard_at
     largest = int(max(os.path.getsize(path) for path in local.shard_paths))
     remote = open_remote(url, s3_server, tmp_path, cache_limit=2 * largest, prefetch=0)
     assert remote.num_shards >= 4
-    most, done = [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            most[0] = max(most[0], sum(cached_files(tmp_path).values()))
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
+    with most_cached(tmp_path) as most:
         rng = np.random.default_rng(0)
         for indices in (np.arange(len(local))[::-1], rng.permutation(len(local))[:9], np.array([0, 0, len(local) - 1])):
             started = time.monotonic()
             got, expected = remote.read_batch(indices), local.read_batch(indices)
             assert time.monotonic() - started < 20, "a batch waited for the cache"
             assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
-    finally:
-        done.set()
-        watcher.join(10)
     assert 0 < most[0] <= 2 * largest + largest, f"the cache held {most[0]} bytes, its limit is {2 * largest}"
 
 
