@@ -56,6 +56,20 @@ def prepare_imagefolder(folder, num_images, seed):
     return root, {**params, "cached": seconds is None, "generate_seconds": seconds}
 
 
+def imagenet_like(workdir, num_images, classes, distinct, seed):
+    """Return ``(params, root, seconds)``: an ImageNet-like folder of ``num_images`` varied JPEGs in ``workdir``.
+
+    Made with fastdata.measure.synthetic.make_imagenet_like unless cached (``seconds`` None then).
+    """
+    from fastdata.measure.synthetic import make_imagenet_like
+
+    params = {"generator": "fastdata.measure.synthetic.make_imagenet_like", "num_images": num_images,
+              "classes": classes, "distinct": distinct, "seed": seed}
+    root = os.path.join(workdir, f"imagenet-like-{num_images}-seed{seed}")
+    seconds = _cached(root, params, lambda: make_imagenet_like(root, num_images, classes, distinct, seed))
+    return params, root, seconds
+
+
 def list_images(root):
     """Return ``(paths, labels int64 [N])``: sorted class folders, sorted files."""
     if not os.path.isdir(root):

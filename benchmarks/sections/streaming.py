@@ -160,13 +160,9 @@ def run(config, fresh):
 def source(workdir, num_images, seed):
     """Return the facts of an ImageNet-like folder of ``num_images`` varied JPEGs, made unless cached."""
     from benchmarks import inputs
-    from fastdata.measure.synthetic import make_imagenet_like
 
-    classes, distinct = min(CLASSES, num_images), min(DISTINCT, num_images)
-    params = {"generator": "fastdata.measure.synthetic.make_imagenet_like", "num_images": num_images,
-              "classes": classes, "distinct": distinct, "seed": seed}
-    root = os.path.join(workdir, f"imagenet-like-{num_images}-seed{seed}")
-    inputs._cached(root, params, lambda: make_imagenet_like(root, num_images, classes, distinct, seed))
+    params, root, _ = inputs.imagenet_like(workdir, num_images, min(CLASSES, num_images),
+                                           min(DISTINCT, num_images), seed)
     return {**params, "root": root}
 
 
