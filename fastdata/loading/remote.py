@@ -230,12 +230,28 @@ class ShardReadAhead:
         self._reach, self._first = {}, {}  # step -> length of the sequence with its shards; its first shard's place
         self._wanted, self._offset = -1, 0  # the sequence's length when the prefetcher was last given it, from where
         self._windows = None  # the shards of each window of the epoch (block order), made on first ask
+        self._all_cached = fetch and self._whole_dataset_cached()
         if fetch:
             self.advance(step)
 
+    def _whole_dataset_cached(self):
+        """Whether every shard is in the cache, and the cache holds them all (so none is evicted for another).
+
+        NOTE [cached epochs]: then nothing is left to fetch ahead, and the
+        epoch skips the per-step bookkeeping of ``advance`` (~90 us a step
+        of 256 samples on 2 shared cores, 64 shards: the second epoch of 64
+        px raw ran at 0.61-0.77 of the local folder's rate). A shard removed
+        from the cache all the same is fetched by its reader, as any missing
+        shard is.
+        """
+        cache = self.dataset._store.cache.cache
+        if int(self.index.sizes.sum()) > cache.cache_limit:
+            return False
+        return all(cache.is_present(shard) for shard in range(self.index.num_shards))
+
     def advance(self, step: int) -> None:
         """Note that ``step``'s indices were just produced: fetch its shards and the next ``ahead``."""
-        if step >= self.order.num_steps:
+        if self._all_cached or step >= self.order.num_steps:
             return
         while self._next <= step:
             self._add(self._next)

@@ -264,6 +264,35 @@ def test_the_read_ahead_asks_for_each_steps_shards_before_it_is_read(many_shards
     assert not cached_files(tmp_path), "the recording prefetcher fetches nothing"
 
 
+@pytest.mark.parametrize("shuffle", ["block", "uniform"])
+def test_an_epoch_with_every_shard_cached_fetches_nothing_ahead_until_a_shard_goes(many_shards, s3_server, tmp_path,
+                                                                                   monkeypatch, shuffle):
+    from fastdata.measure.throttle import ThrottlingProxy
+
+    local = open_dataset(many_shards[0])
+    with ThrottlingProxy(s3_server.endpoint) as proxy:
+        remote = open_remote(many_shards[1], s3_server, tmp_path, endpoint=proxy.url)
+        loader = make_loader(remote, 4, shuffle=shuffle, seed=5)
+        first = list(loader)  # fetches every shard into a cache that holds them all
+        assert len(cached_files(tmp_path)) == local.num_shards
+        monkeypatch.setattr("fastdata.loading.remote.Prefetcher", RecordingPrefetcher)
+        RecordingPrefetcher.made.clear()
+        loader.sampler.readahead.close()  # the next epoch makes its prefetcher anew: a RecordingPrefetcher
+        requests = proxy.requests
+        second = list(loader)
+        assert proxy.requests == requests and not RecordingPrefetcher.made, "a cached epoch fetched ahead"
+        victim = next(iter(cached_files(tmp_path)))
+        for parent, _, names in os.walk(tmp_path):
+            if victim in names:
+                os.remove(os.path.join(parent, victim))
+        third = list(loader)
+        assert RecordingPrefetcher.made, "the read-ahead stayed off with a shard gone from the cache"
+    expected = make_loader(local, 4, shuffle=shuffle, seed=5, block_size=loader.sampler.order.block_size,
+                           window=loader.sampler.order.window)
+    for got in (first, second, third):
+        batches_equal(got, list(expected))
+
+
 # ---------------------------------------------------------------- faults
 
 
