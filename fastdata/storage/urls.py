@@ -33,11 +33,29 @@ def filesystem(url, storage_options=None):
     scheme = url.split("://", 1)[0].lower()
     extra = _EXTRAS.get(scheme, "s3")
     fsspec = require("fsspec", extra, f"reading {url!r}")
+    options = dict(storage_options or {})
+    if scheme in _EXTRAS:  # see NOTE [one retry layer]
+        options["config_kwargs"] = {"retries": {"total_max_attempts": 1}, **options.get("config_kwargs", {})}
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:  # fsspec names the backend package it lacks
         hint = f"pip install 'fastdata[{extra}]'" if scheme in _EXTRAS else "install the fsspec backend it names"
         raise MissingDependencyError(f"reading {url!r} needs a package for {scheme}://: {exc}; {hint}") from exc
+    if scheme in _EXTRAS:
+        fs.retries = 1  # s3fs's own loop around each call (a class default of 5)
+    return fs, path
+
+
+# NOTE [one retry layer]: every remote call of fastdata goes through
+# ``retried`` (retry.py), which knows which errors are worth another try and
+# names the URL when it gives up. botocore (5 attempts by default) and s3fs
+# (5 around each call, for timeouts and SlowDown) retry as well, so the
+# layers multiplied: through a proxy failing every request with 503, reading
+# an index made 30 requests and took over a minute before its error, and a
+# port nobody listens on took 47 s. For s3:// s3fs's loop makes one attempt,
+# and botocore's too unless ``storage_options`` sets its retries
+# (``config_kwargs={"retries": ...}``); ours makes RETRY_ATTEMPTS: 6
+# requests and 3.5 s to the error for that port.
 
 
 def join(url, name):

@@ -75,3 +75,32 @@ def test_a_damaged_index_names_the_url(s3_server):
     fs.pipe_file(path + "/index.json", b"{not json")
     with pytest.raises(FormatError, match=r"bad/index.json' is not valid JSON"):
         read_remote_index(url, s3_server.storage_options)
+
+
+def test_a_failing_server_gets_our_attempts_only(remote_shards, s3_server, monkeypatch):
+    """botocore and s3fs retry on their own; stacked under ours a 503 cost 6 x 25 requests before the error."""
+    from fastdata.errors import RemoteError
+    from fastdata.measure.throttle import ThrottlingProxy
+    from fastdata.storage.retry import RETRY_ATTEMPTS
+
+    monkeypatch.setattr("fastdata.storage.retry.time.sleep", lambda seconds: None)  # our backoff: not the subject
+    _, url = remote_shards("hdf5", "raw")
+    with ThrottlingProxy(s3_server.endpoint, fail_every=1) as proxy:
+        options = {**s3_server.storage_options, "endpoint_url": proxy.url}
+        with pytest.raises(RemoteError, match="index.json"):
+            read_remote_index(url, options)
+        assert proxy.requests == RETRY_ATTEMPTS
+
+
+def test_a_server_nobody_listens_on_is_named_after_our_attempts(s3_server, monkeypatch):
+    import socket
+
+    from fastdata.errors import RemoteError
+
+    monkeypatch.setattr("fastdata.storage.retry.time.sleep", lambda seconds: None)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: connections are refused
+    options = {**s3_server.storage_options, "endpoint_url": f"http://127.0.0.1:{port}"}
+    with pytest.raises(RemoteError, match=rf"127\.0\.0\.1:{port}.*Check the network"):
+        read_remote_index("s3://bucket/train", options)
