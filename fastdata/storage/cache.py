@@ -48,6 +48,12 @@ _PARTIAL = ".partial"
 # - with no room and nothing evictable (every shard held), a fetch polls every 50 ms, calling
 #   ``on_full`` (the owner may release shards it holds), for ``wait_seconds``; then it goes over the
 #   limit by this one shard with a warning: never a deadlock, at most one shard over per waiting reader.
+# NOTE [room for read-ahead]: a fetch without ``wait`` (the prefetcher's) that finds no room calls
+# ``on_full`` once and looks again. Readers keep the shards they read open (held) until they need
+# room themselves, so in a full cache the prefetcher found nothing to evict and skipped every
+# shard, and the reader then fetched each new one itself, one round trip at a time. Measured on
+# 6,000 224 px jpeg images in 64 shards through a 20 ms proxy (make_loader defaults, epochs 1-3):
+# a 16-shard cache read 2,308 / 1,639 / 1,640 img/s, the unbounded cache's first epoch 2,447.
 # Lock order: a shard's lock, then the room lock; the room lock is held only around non-blocking
 # work, so no two locks are ever waited for in a cycle. flock rather than a lock server or shared
 # memory: the kernel drops every lock of a killed process, which is the whole crash story.
@@ -340,11 +346,11 @@ class ShardCache:
         """
         name = self.index.names[shard]
         partial = os.path.join(self.folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}{_PARTIAL}")
-        deadline = time.monotonic() + self.wait_seconds
+        deadline, asked = time.monotonic() + self.wait_seconds, False
         while True:
             with self._locked(_ROOM_LOCK):
                 fits, late = self._make_room(self._sizes[name]), time.monotonic() >= deadline
-                if not fits and not wait:
+                if not fits and not wait and (asked or self.on_full is None):
                     return None
                 if fits or late:
                     if not fits:
@@ -353,6 +359,9 @@ class ShardCache:
                     return partial
             if self.on_full is not None:
                 self.on_full()
+                if not wait:  # once, then look again: see NOTE [room for read-ahead]
+                    asked = True
+                    continue
             time.sleep(_POLL_SECONDS)
 
     def _over_message(self, shard):

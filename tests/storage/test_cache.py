@@ -144,6 +144,19 @@ def test_held_shards_are_never_evicted(remote_shards, s3_server, tmp_path):
     assert not os.path.exists(held) and cache.held() == []
 
 
+def test_a_fetch_without_wait_asks_the_holder_for_room_once(remote_shards, s3_server, tmp_path):
+    _, url = remote_shards()
+    cache = s3_cache(url, s3_server.endpoint, tmp_path, cache_limit=2 * largest_shard(remote_shards))
+    cache.hold(0), cache.hold(1)
+    asked = []
+    assert cache.fetch(2, wait=False) is None  # full of held shards, nobody to ask
+    cache.on_full = lambda: asked.append(len(asked))  # a holder that keeps its shards
+    assert cache.fetch(2, wait=False) is None and asked == [0]
+    cache.on_full = lambda: cache.release(1)  # one that lets one go (as a reader closes an idle shard)
+    assert cache.fetch(2, wait=False) == cache.path(2) and cache.held() == [0]
+    assert sorted(shard_files(cache)) == sorted(cache.index.names[shard] for shard in (0, 2))
+
+
 def test_two_processes_download_each_shard_once(remote_shards, s3_server, tmp_path):
     _, url = remote_shards()
     with ThrottlingProxy(s3_server.endpoint, latency=0.05) as proxy:
