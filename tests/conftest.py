@@ -24,6 +24,12 @@ from support import (
 from fastdata import convert_imagefolder, convert_text
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
+# A shell without job control starts background commands with SIGINT ignored, and children inherit
+# that: run so (``bash .ci/run &``), every "Ctrl-C during conversion" test saw its converter finish.
+# A handler here is reset to the default in every child started by the tests.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(autouse=True)
 def restore_sigterm():
