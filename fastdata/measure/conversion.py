@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 
 from fastdata._optional import require
+from fastdata.codecs.images import encode_jpeg
 from fastdata.measure.baselines import load_resized
 
 
@@ -175,17 +176,21 @@ def count_shards(folder, extension):
         return 0
 
 
-def pool_decode_count(paths, size, workers):
+def pool_decode_count(paths, size, workers, quality=None):
     """Decode and resize every path on a plain ``multiprocessing.Pool`` keeping nothing; return how many.
 
     The conversion work with no writing and no pixels sent back: an upper
-    bound for a script without fastdata. Pool start-up is included.
+    bound for a script without fastdata. With ``quality`` each image is also
+    encoded as JPEG at that quality, as a conversion to jpeg storage must.
+    Pool start-up is included.
     """
     chunksize = max(1, min(64, len(paths) // (workers * 8)))
     with multiprocessing.Pool(workers) as pool:
-        return sum(pool.imap_unordered(partial(_decode_only, size=size), paths, chunksize))
+        return sum(pool.imap_unordered(partial(_decode_only, size=size, quality=quality), paths, chunksize))
 
 
-def _decode_only(path, size):
-    load_resized(path, size)
+def _decode_only(path, size, quality):
+    pixels = load_resized(path, size)
+    if quality is not None:
+        encode_jpeg(pixels, quality)
     return 1

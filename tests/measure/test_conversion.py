@@ -106,6 +106,7 @@ def test_pool_decode_count_decodes_every_image(tmp_path):
     root = make_imagefolder(tmp_path / "photos", 2, 5, size=(120, 90), vary=True, jpeg_only=True)
     _, relpaths, _ = find_images(root)
     assert pool_decode_count([os.path.join(root, p) for p in relpaths], 32, workers=2) == 10
+    assert pool_decode_count([os.path.join(root, p) for p in relpaths], 32, workers=2, quality=90) == 10
     (tmp_path / "photos" / "class_0" / "img_00000.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(OSError):
         pool_decode_count([os.path.join(root, p) for p in relpaths], 32, workers=2)
