@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from fastdata.errors import OptionError
 from fastdata.loading.samplers import EpochSampler
 
-STATE_VERSION = 1  # of state_dict's format; a state of another version is refused
+STATE_VERSION = 2  # of state_dict's format and of the order it resumes (2: the faster keyed mix); another is refused
 
 
 class Steps:
