@@ -125,11 +125,19 @@ class ProgressBar(tqdm):
     monitor_interval = 0
 
 
+class WorkerPool(ProcessPoolExecutor):
+    """A ProcessPoolExecutor that knows this process's other children, so that stop_pool finds every worker."""
+
+    def __init__(self, *args, **kwargs):
+        self.other_children = set(multiprocessing.active_children())
+        super().__init__(*args, **kwargs)
+
+
 def start_pool(workers):
     method = _start_method()
     parent = None if method == "forkserver" else os.getpid()  # the process that starts the workers
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
-                               initargs=(parent, os.getpid()))
+    pool = WorkerPool(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
+                      initargs=(parent, os.getpid()))
     try:
         pool.submit(int).result()  # fork (or spawn) the workers now
     except BaseException:  # see NOTE [pool start]
@@ -145,9 +153,14 @@ def stop_pool(pool):
     before its manager thread ran, left workers that nothing would stop,
     and the interpreter's exit waited on them forever (a hung conversion,
     reproduced in test_shard_faults). The started workers are killed and
-    joined instead.
+    joined instead. A signal can also land between a worker's fork and the
+    pool's record of it (``_spawn_process`` adds it to ``_processes`` after
+    ``start()`` returns): the driver then waited at exit on a worker reading
+    its empty call queue (1 CI run in ~10). So a WorkerPool's workers are
+    also found as the children this process started after the pool.
     """
-    processes = list((getattr(pool, "_processes", None) or {}).values())
+    started = [child for child in multiprocessing.active_children() if child not in pool.other_children]
+    processes = {**{child.pid: child for child in started}, **(pool._processes or {})}.values()
     for process in processes:
         process.kill()
     pool.shutdown(wait=True, cancel_futures=True)

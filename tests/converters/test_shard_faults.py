@@ -1,5 +1,6 @@
 """Sharded conversion faults in real processes: signals, kill -9 and --resume; parts at once; two writers; full disk."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from support import folder_listing, wait_for
 
 from fastdata import FastdataError, convert_imagefolder
+from fastdata.converters.parallel import WorkerPool, stop_pool
 from fastdata.formats.shards import file_checksum
 from fastdata.measure.synthetic import make_imagefolder
 
@@ -140,7 +142,10 @@ def test_resume_after_a_signal_gives_the_same_folder(source_root, tmp_path_facto
         time.sleep(wait)
         workers = children(child.pid)
         child.send_signal(signum)
-        child.communicate(timeout=60)
+        try:
+            child.communicate(timeout=60)  # a hang fails here, not in Popen's exit, which waits forever
+        finally:
+            child.kill()
     wait_for(lambda: not any(map(alive, workers)), "the workers to stop", seconds=30)
     if signum != signal.SIGKILL:
         assert partials(out) == []  # a stopped conversion removes its partial shards
@@ -164,6 +169,20 @@ def test_a_signal_while_the_workers_start_stops_the_conversion(source_root, tmp_
     assert child.returncode != 0
     wait_for(lambda: not any(map(alive, workers)), "the workers to stop", seconds=30)
     assert records(out) == 0 and partials(out) == []
+
+
+def test_stopping_a_pool_kills_a_worker_forked_before_the_pool_recorded_it():
+    # The window of NOTE [pool start]: a signal after the fork, before _spawn_process records the worker.
+    pool = WorkerPool(1, mp_context=multiprocessing.get_context("fork"))
+    pool._spawn_process()
+    (worker,) = pool._processes.values()
+    pool._processes.clear()  # as if the signal had landed before the record
+    try:
+        stop_pool(pool)
+        assert not worker.is_alive() and worker.exitcode == -signal.SIGKILL
+        assert worker not in multiprocessing.active_children()
+    finally:
+        worker.kill()  # a missed worker would otherwise hold pytest's exit (it joins its children)
 
 
 @pytest.mark.slow  # ~15 s: trials, since where the signal lands decides
