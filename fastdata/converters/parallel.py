@@ -156,11 +156,11 @@ def stop_pool(pool):
     joined instead. A signal can also land between a worker's fork and the
     pool's record of it (``_spawn_process`` adds it to ``_processes`` after
     ``start()`` returns): the driver then waited at exit on a worker reading
-    its empty call queue (1 CI run in ~10). So a WorkerPool's workers are
-    also found as the children this process started after the pool.
+    its empty call queue (a CI run of 2026-11-23 hung so). So a WorkerPool's
+    workers are the children this process started after the pool, recorded
+    by the pool or not.
     """
-    started = [child for child in multiprocessing.active_children() if child not in pool.other_children]
-    processes = {**{child.pid: child for child in started}, **(pool._processes or {})}.values()
+    processes = [child for child in multiprocessing.active_children() if child not in pool.other_children]
     for process in processes:
         process.kill()
     pool.shutdown(wait=True, cancel_futures=True)
