@@ -43,19 +43,45 @@ class Parts(Sequence):
     shard store, or taken from the columns).
     """
 
-    __slots__ = ("columns", "indices", "bounds", "paths", "_label_bases", "stitched", "_release")
+    __slots__ = ("_columns", "_indices", "_bounds", "_paths", "_label_bases", "_label_positions", "_expand",
+                 "num_rows", "stitched", "_release")
 
     def __init__(self, columns, indices, bounds, paths, label_bases=None):
-        self.columns, self.indices, self.bounds, self.paths = columns, indices, bounds, paths
-        self._label_bases = label_bases
+        self._columns, self._indices, self._bounds, self._paths = columns, indices, bounds, paths
+        self._label_bases, self._label_positions, self._expand = label_bases, None, None
+        self.num_rows = bounds[-1]
         self.stitched, self._release = None, None  # see hold()
+
+    @classmethod
+    def of_stitched_rows(cls, view, rows, label_positions, expand):
+        """Return the Parts of a batch that is one take of ``view[rows]``, its labels at ``label_positions``.
+
+        Its columns, indices, bounds and paths are ``expand()`` (a tuple of the four), made only
+        when asked for (see NOTE [steady batches] in shards.py); call ``hold`` as for other Parts.
+        """
+        parts = cls.__new__(cls)
+        parts._label_bases, parts._label_positions, parts._expand = None, label_positions, expand
+        parts.num_rows, parts.stitched, parts._release = len(rows), (view, rows), None
+        return parts
+
+    def _expanded(self):
+        if self._expand is not None:
+            self._columns, self._indices, self._bounds, self._paths = self._expand()
+            self._expand = None
+        return self
+
+    columns = property(lambda self: self._expanded()._columns)
+    indices = property(lambda self: self._expanded()._indices)
+    bounds = property(lambda self: self._expanded()._bounds)
+    paths = property(lambda self: self._expanded()._paths)
 
     def hold(self, release, stitched=None):
         """Keep the rows mapped until ``release()`` (see NOTE [stitched rows] in stitch.py).
 
-        ``stitched``: ``(view, rows)`` where batch row ``i`` is also ``view[rows[i]]``, or None.
+        ``stitched``: ``(view, rows)`` where batch row ``i`` is also ``view[rows[i]]``, or None
+        (keeps what ``of_stitched_rows`` gave).
         """
-        self.stitched, self._release = stitched, release
+        self.stitched, self._release = stitched or self.stitched, release
 
     def release(self):
         """Let the stitched rows go (after the batch is read); a no-op without them, or the second time."""
@@ -82,10 +108,6 @@ class Parts(Sequence):
         return Part(self.columns[part], self.indices[self.bounds[part] : self.bounds[part + 1]], self.paths[part])
 
     @property
-    def num_rows(self):
-        return self.bounds[-1]
-
-    @property
     def label_bases(self):
         """int64 ``[P]``: the ``address`` of each part's labels (see gather.py)."""
         if self._label_bases is None:
@@ -94,6 +116,8 @@ class Parts(Sequence):
 
     def labels(self):
         """Return the int64 labels ``[B]`` of the batch's rows."""
+        if self._label_positions is not None:  # one address per row, from the store
+            return gather_int64(self._label_positions)
         if len(self.columns) == 1:  # one file: a take costs a third of the gather's address arithmetic
             return self.columns[0].labels.take(self.indices, mode="clip")
         return gather_int64(row_positions(self.label_bases, self.bounds, self.indices, 8))

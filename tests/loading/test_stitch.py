@@ -63,6 +63,51 @@ def test_stitched_batches_equal_the_per_item_path(raw_folder, data):
         assert dataset._store._stitch._leases == 0  # every lease released
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_steady_batch_equals_the_slow_parts_and_the_per_item_path(raw_folder, data):
+    dataset = open_dataset(raw_folder)
+    store = dataset._store
+    store.recheck_seconds = 3600.0  # no shard comes due for its check during the example
+    dataset.read_batch(np.arange(len(dataset)))  # every shard open and stitched: batches are steady
+    indices = np.array(data.draw(st.lists(st.integers(0, len(dataset) - 1), min_size=1, max_size=40)), np.int64)
+    if data.draw(st.booleans()):
+        indices = np.sort(indices)
+    steady = store.parts(indices)
+    slow = store._parts(store.index.shard_of(indices), indices)
+    try:
+        assert steady._expand is not None  # the fast path: nothing but the stitched rows and label addresses yet
+        assert np.array_equal(steady.stitched[1], slow.stitched[1])
+        assert np.array_equal(steady.labels(), slow.labels())
+        assert steady.columns == slow.columns and steady.bounds == slow.bounds and steady.paths == slow.paths
+        assert np.array_equal(steady.indices, slow.indices) and steady.num_rows == slow.num_rows == len(indices)
+    finally:
+        steady.release()
+        slow.release()
+    images, labels = dataset.read_batch(indices)
+    expected_images, expected_labels = per_item(dataset, indices)
+    assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
+    assert store._stitch._leases == 0
+
+
+def test_a_steady_batch_keeps_its_shards_mapped_while_they_close(raw_folder):
+    dataset = open_dataset(raw_folder, max_open_shards=3)
+    dataset._store.recheck_seconds = 3600.0
+    dataset.read_batch(spanning(dataset, [0, 1, 2]))
+    first = spanning(dataset, [0, 1])
+    expected = per_item(dataset, first)[0].numpy()
+    parts = dataset._store.parts(first)
+    assert parts._expand is not None  # steady: its shards were open and checked
+    dataset.read_batch(spanning(dataset, [2]))
+    dataset.read_batch(spanning(dataset, [3]))  # opens shard 3 and closes shard 0, the least recently used
+    assert 0 not in dataset._store._held and 0 in mapped_slots(dataset)  # closed, but the lease keeps it mapped
+    view, rows = parts.stitched
+    assert np.array_equal(view[rows], expected)
+    parts.release()
+    assert 0 not in mapped_slots(dataset)
+    assert torch.equal(dataset.read_batch(first)[0], torch.from_numpy(expected))  # reopened on the slow path
+
+
 def test_a_closed_shard_stays_mapped_until_the_batch_reading_it_is_released(raw_folder):
     dataset = open_dataset(raw_folder, max_open_shards=2)
     first = spanning(dataset, [0, 1])
