@@ -14,9 +14,11 @@ the output folder's disk use and the process tree's RSS, every 50 ms.
 2. The small source to 64 px raw and 224 px jpeg shards, shards of about a
    32nd of the raw pixels (so that both processes have work to the end):
    a plain multiprocessing.Pool doing the same decode+resize (and, for
-   jpeg storage, the same JPEG encode) and keeping nothing, fastdata with 1 and 2 local processes, and on a Dask
-   LocalCluster(n_workers=2, threads_per_worker=1) given as ``executor``;
-   the folders must be byte-identical.
+   jpeg storage, the same JPEG encode) and keeping nothing, timed in
+   alternating rounds with fastdata's 2 local processes, unwatched (NOTE
+   [paired conversions]); then, watched, fastdata with 1 and 2 local
+   processes and on a Dask LocalCluster(n_workers=2, threads_per_worker=1)
+   given as ``executor``; the folders must be byte-identical.
 3. ``fastdata convert`` of the small source killed (SIGKILL, its process
    group) once half its shards are written, then ``--resume``, against a
    full run.
@@ -32,8 +34,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
-import time
 
 from benchmarks.sections import images
 from fastdata import convert_imagefolder
@@ -52,6 +54,7 @@ COMPARE_SHARDS = 32  # the comparisons' shard size: a 32nd of the small source's
 # (writing, checksums, statistics, the driver) costs at most a tenth. Until 2026-11-23 that row compared
 # against a Pool that did not encode, under the raw row's 1.5x.
 CONVERT_VS_POOL = {"raw": 1.5, "jpeg": 0.9}
+CONVERT_ROUNDS = 3  # paired rounds of the Pool and fastdata per storage (--quick 1): NOTE [paired conversions]
 DISK_SLACK_SHARDS = WORKERS  # peak disk at most final + one shard per worker (the issue's "written straight")
 RESUME_VS_FULL = 0.6  # "about half" the time of a full run, after a kill at half-way
 KILL_TRIES = 3
@@ -92,6 +95,20 @@ print(json.dumps({"seconds": seconds, "num_samples": report.num_samples, "skippe
                   "cluster_seconds": cluster_seconds}))
 """
 
+POOL_SCRIPT = """\
+import json, os, sys, time
+from fastdata.converters import find_images
+from fastdata.measure.conversion import pool_decode_count
+
+args = json.loads(sys.argv[1])
+_, relpaths, _ = find_images(args["src"])
+paths = [os.path.join(args["src"], path) for path in relpaths]
+quality = args["quality"] if args["storage"] == "jpeg" else None
+started = time.perf_counter()
+count = pool_decode_count(paths, args["size"], args["workers"], quality)
+print(json.dumps({"seconds": time.perf_counter() - started, "num_samples": count}))
+"""
+
 LITDATA_SCRIPT = """\
 import json, os, sys, time
 from fastdata.converters import find_images
@@ -125,8 +142,11 @@ def run(config, fresh):
     conversions = [convert(big, workdir, RAW, None, "local", WORKERS, BIG),
                    convert(small, workdir, RAW, None, "local", WORKERS, SMALL),
                    convert(small, workdir, RAW, None, "local", WORKERS, SINGLE)]
+    pairs = {}
     for size, storage in (RAW, JPEG):
-        conversions.append(pool_row(small, size, storage))
+        pairs[storage] = paired_rounds(small, workdir, (size, storage), shard_bytes, 1 if config["quick"] else
+                                       CONVERT_ROUNDS)
+        conversions.append(pool_row(small, size, storage, pairs[storage]))
         for engine, workers in ENGINES[storage]:
             if engine.startswith("dask") and installed_version("distributed") is None:
                 conversions.append({"key": f"{size}-{storage}-dask-{workers}", "size": size, "storage": storage,
@@ -141,7 +161,7 @@ def run(config, fresh):
     peers = [litdata_row(small, workdir, shard_bytes),
              {"key": "mosaic", "tool": "Mosaic Streaming MDSWriter", "skipped": MOSAIC_NOTE}]
     results = {"source": big, "compare_source": small, "shard_bytes": shard_bytes, "workers": WORKERS,
-               "conversions": conversions, "resume": resume, "loading": loading, "peers": peers}
+               "conversions": conversions, "pairs": pairs, "resume": resume, "loading": loading, "peers": peers}
     results["targets"] = summarize(results)
     results["text"] = text(results)
     return results
@@ -224,19 +244,59 @@ def convert(src, workdir, what, shard_bytes, engine, workers, key=None):
     return row
 
 
-def pool_row(src, size, storage):
-    """Time the plain Pool decode+resize (+ JPEG encode for jpeg storage) of every image of ``src``; return its row."""
-    from fastdata.converters import find_images
-    from fastdata.measure.conversion import pool_decode_count
+def paired_rounds(src, workdir, what, shard_bytes, rounds):
+    """Time the plain Pool and fastdata (2 local processes, unwatched) converting ``src`` in turn, ``rounds`` times.
 
-    _, relpaths, _ = find_images(src["root"])
-    paths = [os.path.join(src["root"], path) for path in relpaths]
-    quality = JPEG_QUALITY if storage == "jpeg" else None
-    print(f"  Pool {_pool_work(storage)} at {size}: {len(paths)} images ...", end="", flush=True)
-    started = time.perf_counter()
-    count = pool_decode_count(paths, size, WORKERS, quality)
-    seconds = time.perf_counter() - started
-    print(f" {count / seconds:,.0f} img/s", flush=True)
+    NOTE [paired conversions]: this VM's speed drifts over minutes (NOTE
+    [interleaved rates] in fastdata/measure/engine.py), and a watched
+    conversion shares the 2 cores with the watcher's sampling every 50 ms.
+    In the run of 2026-11-23 16:41 the 224 px jpeg conversion, watched and
+    minutes from its Pool row, measured 363 against 459 img/s (0.79); the
+    same two, back to back and unwatched two hours later, 435 against 467
+    (0.93; 10,000 images, /tmp script). So the targets compare the two in
+    rounds, the order alternating, each run in its own process (fastdata:
+    the convert_imagefolder call's seconds, as the watched rows), and take the
+    median of the rounds' ratios; the watched rows give disk and memory.
+
+    Returns:
+        ``{"pool": [img/s], "ours": [img/s], "ratios": [ours / pool], "seconds": {"pool": [s], "ours": [s]},
+        "num_samples": {"pool": [n], "ours": [n]}}``, a value per round.
+    """
+    size, storage = what
+    out = os.path.join(workdir, "out", f"{src['num_images']}-{size}-{storage}-paired")
+    args = {"src": src["root"], "out": out, "size": size, "storage": storage, "shard_size": shard_bytes,
+            "engine": "local", "workers": WORKERS, "quality": JPEG_QUALITY}
+    rates, seconds, counts = {"pool": [], "ours": []}, {"pool": [], "ours": []}, {"pool": [], "ours": []}
+    for turn in range(rounds):
+        for who in ("pool", "ours") if turn % 2 == 0 else ("ours", "pool"):
+            print(f"  round {turn + 1}/{rounds}, {'Pool ' + _pool_work(storage) if who == 'pool' else 'fastdata'} "
+                  f"at {size}: {src['num_images']} images ...", end="", flush=True)
+            if who == "pool":
+                done = _run_json([sys.executable, "-c", POOL_SCRIPT, json.dumps(args)])
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                done = _run_json([sys.executable, "-c", CONVERT_SCRIPT, json.dumps(args)])
+            rates[who].append(done["num_samples"] / done["seconds"])
+            seconds[who].append(done["seconds"])
+            counts[who].append(done["num_samples"])
+            print(f" {rates[who][-1]:,.0f} img/s", flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return {**rates, "ratios": [ours / pool for ours, pool in zip(rates["ours"], rates["pool"])], "seconds": seconds,
+            "num_samples": counts}
+
+
+def _run_json(command):
+    """Run ``command``; return the JSON of its last line of output."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]}... failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def pool_row(src, size, storage, pair):
+    """Return the table row of the plain Pool from its paired rounds: the median round (by seconds)."""
+    seconds = statistics.median_low(pair["seconds"]["pool"])
+    count = pair["num_samples"]["pool"][pair["seconds"]["pool"].index(seconds)]
     return {"key": f"{size}-{storage}-pool", "size": size, "storage": storage, "engine": "pool", "workers": WORKERS,
             "num_images": src["num_images"], "num_samples": count, "seconds": seconds, "images_per_s": count / seconds}
 
@@ -412,10 +472,12 @@ def summarize(results):
     rows = {row["key"]: row for row in results["conversions"]}
     targets = []
     for size, storage in (RAW, JPEG):
-        ours, pool = rows[f"{size}-{storage}-local-{WORKERS}"], rows[f"{size}-{storage}-pool"]
+        pair = results["pairs"][storage]
         targets.append(_target(f"shards {size}px {storage}, {WORKERS} processes vs plain Pool {_pool_work(storage)}",
-                               ours["images_per_s"] / pool["images_per_s"], CONVERT_VS_POOL[storage],
-                               f"{ours['images_per_s']:,.0f} vs {pool['images_per_s']:,.0f} img/s"))
+                               statistics.median(pair["ratios"]), CONVERT_VS_POOL[storage],
+                               f"median of {len(pair['ratios'])} paired rounds; medians "
+                               f"{statistics.median(pair['ours']):,.0f} vs {statistics.median(pair['pool']):,.0f} "
+                               "img/s"))
     for row in results["conversions"]:
         if "disk" in row and row["key"] != SINGLE:
             slack = row["final_disk"] + DISK_SLACK_SHARDS * (row["shard_size"] or DEFAULT_SHARD_BYTES)
@@ -463,7 +525,9 @@ def text(results):
         f"before shards); {results['shard_bytes'] / 2**20:.2f} MiB (a 32nd of the 64 px raw pixels) for the "
         "others, so that a shuffled batch of the loading rows touches about as many shards as one of a 64 MiB "
         "folder of 200,000 images (37 shards). img/s: images over the seconds of the convert_imagefolder call in "
-        "its own process (a Pool row: its start-up included). Peak disk: the output folder's allocated blocks, "
+        "its own process (a Pool row: its start-up included, the median of the paired rounds that the targets "
+        "compare, see NOTE [paired conversions] in benchmarks/sections/shards.py). Peak disk: the output "
+        "folder's allocated blocks, "
         "hidden partial shards included, sampled every 50 ms. RSS: the converting process (driver) and its "
         "largest descendant (worker; under Dask the nannies and workers). dask-no-trim: Dask with "
         "MALLOC_TRIM_THRESHOLD_ left out of its workers' environment (see NOTE [dask malloc trim] in "

@@ -41,6 +41,16 @@ def test_every_conversion_keeps_every_image_and_is_timed(section):
         assert row["images_per_s"] == pytest.approx(row["num_samples"] / row["seconds"])
 
 
+def test_the_pool_and_fastdata_are_timed_in_alternating_rounds_over_every_image(section):
+    for storage in ("raw", "jpeg"):
+        pair = section["pairs"][storage]
+        assert len(pair["ratios"]) == len(pair["pool"]) == len(pair["ours"]) >= 1
+        for who in ("pool", "ours"):
+            assert pair["num_samples"][who] == [section["compare_source"]["num_images"]] * len(pair["ratios"])
+            assert pair[who] == pytest.approx([n / s for n, s in zip(pair["num_samples"][who], pair["seconds"][who])])
+        assert pair["ratios"] == pytest.approx([ours / pool for ours, pool in zip(pair["ours"], pair["pool"])])
+
+
 def test_shard_sizes_add_up_to_the_folder_and_the_peak_is_at_least_the_final_size(section):
     for row in written(section):
         index = read_index(row["out"])
