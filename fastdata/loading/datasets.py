@@ -215,11 +215,12 @@ class PackedDataset(Dataset):
         parts = self._store.parts(indices)
         try:
             samples = self._open().batch_parts(parts, pin_memory, **options)
+            labels = parts.labels()
         finally:
-            parts.release()  # see NOTE [stitched rows] in stitch.py
+            parts.release()  # see NOTE [stitched rows] in stitch.py; labels are read before (NOTE [steady batches])
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
-        return (*samples, torch.from_numpy(parts.labels()))
+        return (*samples, torch.from_numpy(labels))
 
     def _read_shard_by_shard(self, indices, pin_memory, **options):
         """Read a batch whose shards do not fit the cache together one shard at a time, then join the pieces.

@@ -115,7 +115,7 @@ class Parts(Sequence):
         return self._label_bases
 
     def labels(self):
-        """Return the int64 labels ``[B]`` of the batch's rows."""
+        """Return the int64 labels ``[B]`` of the batch's rows; call it before ``release``."""
         if self._label_positions is not None:  # one address per row, from the store
             return gather_int64(self._label_positions)
         if len(self.columns) == 1:  # one file: a take costs a third of the gather's address arithmetic

@@ -176,12 +176,12 @@ class ShardStore:
         with self._lock:
             if self._checked_at[shards].min() <= time.monotonic() - self.recheck_seconds or not stitch.covers(shards):
                 return None
-            stitch.lease()
+            stitch.lease()  # until released, closed shards keep their slots and Columns (labels read by address)
             self._batches += 1
             self._used[shards] = self._batches
-        rows = indices - self.index.starts[shards]
-        parts = Parts.of_stitched_rows(stitch.view, stitch.rows(shards, indices),
-                                       self._label_bases[shards] + rows * 8, partial(self._expand, shards, indices))
+            labels = self._label_bases[shards] + (indices - self.index.starts[shards]) * 8
+        parts = Parts.of_stitched_rows(stitch.view, stitch.rows(shards, indices), labels,
+                                       partial(self._expand, shards, indices))
         parts.hold(stitch.release)
         return parts
 
@@ -283,10 +283,10 @@ class ShardStore:
 
     def _close(self, shard):
         """Drop ``shard``'s maps; a cached shard is released to the cache and checked in full when reopened."""
-        self._open[shard], self._checked_at[shard] = None, -np.inf
+        columns, self._open[shard], self._checked_at[shard] = self._open[shard], None, -np.inf
         self._held.discard(shard)
         if self._stitch is not None:
-            self._stitch.retire(shard)
+            self._stitch.retire(shard, columns)
         if self.cache is not None:
             self._fingerprints.pop(shard, None)
             del self._local[shard]

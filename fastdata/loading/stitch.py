@@ -77,10 +77,12 @@ class StitchedRows:
     def _reset(self):
         self.view, self._base, self._residue, self._pid = None, None, None, os.getpid()
         self._mapped, self._retired, self._leases = np.zeros(len(self._counts), bool), set(), 0
+        self._kept = []  # the Columns of closed shards, alive (label maps included) until no lease is held
         self._lock = threading.Lock()
 
     def __getstate__(self):  # another process reserves its own range
-        return {**self.__dict__, "view": None, "_base": None, "_lock": None, "_mapped": None, "_retired": set()}
+        return {**self.__dict__, "view": None, "_base": None, "_lock": None, "_mapped": None, "_retired": set(),
+                "_kept": []}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -90,7 +92,7 @@ class StitchedRows:
         """In a forked process: the inherited range and maps stay; each slot counts as mapped once mapped again."""
         if self._pid != os.getpid():
             self._mapped, self._retired, self._leases, self._pid = np.zeros_like(self._mapped), set(), 0, os.getpid()
-            self._lock = threading.Lock()
+            self._kept, self._lock = [], threading.Lock()
 
     def place(self, shard, columns):
         """Return ``shard``'s Columns with their sample rows read from its slot, or ``columns`` where they cannot be.
@@ -121,12 +123,17 @@ class StitchedRows:
             self._retired.discard(shard)
             return self._map_file(shard, filename, offset) or self._disable()
 
-    def retire(self, shard):
-        """Mark ``shard``'s slot for unmapping once no lease is held (its shard was closed)."""
+    def retire(self, shard, columns):
+        """Mark ``shard``'s slot for unmapping once no lease is held (its shard was closed).
+
+        ``columns``, the closed shard's, stay referenced until then too: a batch in flight may read
+        its labels by address (NOTE [steady batches] in shards.py).
+        """
         self._own()
         with self._lock:
             if self._mapped[shard]:
                 self._retired.add(shard)
+                self._kept.append(columns)
                 self._settle()
 
     def lease(self):
@@ -179,9 +186,10 @@ class StitchedRows:
         return True
 
     def _settle(self):
-        """Unmap the retired slots if no batch holds a lease (under the lock)."""
-        if self._leases or not self._retired:
+        """Unmap the retired slots and let the kept Columns go if no batch holds a lease (under the lock)."""
+        if self._leases:
             return
+        self._kept.clear()
         for shard in self._retired:
             start = self._base + int(self.slots[shard]) * self.row_bytes
             length = self._residue + int(self._counts[shard]) * self.row_bytes
