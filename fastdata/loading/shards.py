@@ -168,7 +168,10 @@ class ShardStore:
         the one file's 0.73 in the same run. So such a batch reads through a
         Parts whose columns and paths are made only if a decoder asks. A shard
         closed or due for its fingerprint check (``_checked_at``: -inf once
-        closed) takes the slow path.
+        closed) takes the slow path. Its labels are read by address, so a
+        shard closed under a leased batch keeps its Columns (their label map)
+        until no lease is held (StitchedRows.retire), as its slot, and
+        read_batch reads the labels before releasing.
         """
         stitch = self._stitch
         if stitch is None or self._pid != os.getpid():
