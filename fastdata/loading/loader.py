@@ -29,19 +29,19 @@ from contextlib import closing
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
 from fastdata.loading.datasets import PackedDataset
-from fastdata.loading.device import HostBatch, make_pipeline
+from fastdata.loading.device import make_pipeline
 from fastdata.loading.order import SHUFFLES
 from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
 from fastdata.loading.state import Resumable, Steps
-from fastdata.loading.transport import SharedSlots, SlotBatch
+from fastdata.loading.transport import SharedSlots
+from fastdata.loading.workers import WorkerLoader, worker_loader
 
 
 def make_loader(
@@ -191,19 +191,9 @@ def make_loader(
         batch_bytes = (dataset.max_batch_bytes(largest, **options) if pipeline is None else
                        pipeline.reader.max_batch_bytes(dataset, largest, options))
         slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
-    loader = WorkerLoader(
-        _WholeBatches(dataset, slots, options, None if pipeline is None else pipeline.reader),
-        batch_size=None,  # the sampler yields whole batches
-        sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=_as_is,
-        pin_memory=pin_memory,
-        prefetch_factor=max(prefetch_factor, 1),
-        persistent_workers=persistent_workers,
-        multiprocessing_context=multiprocessing_context,
-    )
-    loader.pipeline = pipeline
-    return loader
+    return worker_loader(dataset, sampler, slots, options, pipeline, num_workers=num_workers, pin_memory=pin_memory,
+                         prefetch_factor=max(prefetch_factor, 1), persistent_workers=persistent_workers,
+                         multiprocessing_context=multiprocessing_context)
 
 
 def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, rank, world_size, block_size,
@@ -500,106 +490,6 @@ def _read_on_thread(batches, depth, at_end=None, first=None):
     finally:
         stop.set()
         thread.join()
-
-
-class WorkerLoader(Resumable, DataLoader):
-    """A DataLoader whose workers return whole batches through shared slots.
-
-    See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
-    Its ``dataset`` hands out whole batches; ``packed_dataset`` is the file's dataset.
-    Resumable with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state] in state.py).
-    With a ``pipeline`` (a DevicePipeline) the workers read HostBatches and the
-    pipeline runs here, on the batches as they arrive (see NOTE [device pipeline]).
-    """
-
-    pipeline = None
-    _steps = None
-
-    @property
-    def packed_dataset(self):
-        """The HDF5Dataset or ArrowDataset the workers read."""
-        return self.dataset.dataset
-
-    @property
-    def _index_sampler(self):
-        # see NOTE [torch internals]: with a pipeline, the workers get (epoch, indices) to read a HostBatch
-        if self.pipeline is None:
-            return super()._index_sampler
-        if self._steps is None:
-            self._steps = Steps(self.sampler)
-        return self._steps
-
-    def __iter__(self):
-        position = self._begin_epoch()  # see NOTE [loader state]
-        batches = self._unpacked(super().__iter__())
-        if self.pipeline is not None:
-            batches = self.pipeline.run(batches)
-        yield from self._counted(batches, position)
-
-    @staticmethod
-    def _unpacked(batches):
-        for batch in batches:
-            if isinstance(batch, HostBatch):
-                yield batch._replace(tensors=_unpack(batch.tensors))
-            else:
-                yield _unpack(batch)
-
-    def close(self):
-        """Stop the persistent worker processes now (a later epoch starts new ones)."""
-        close_workers(self)
-
-
-def _unpack(batch):
-    return batch.unpack() if isinstance(batch, SlotBatch) else batch
-
-
-# NOTE [torch internals]: torch has no public way to stop a DataLoader's
-# persistent workers before the loader is garbage collected, nor to list
-# them; the two functions below are the one place fastdata reaches into a
-# DataLoader's private iterator for that, so a torch change breaks only here.
-# Nor can a DataLoader's iterator draw other items than its sampler's:
-# WorkerLoader overrides the private ``_index_sampler`` property for that.
-
-
-def close_workers(loader: DataLoader) -> None:
-    """Stop ``loader``'s persistent worker processes now rather than at some later garbage collection."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-        loader._iterator = None
-
-
-def worker_pids(loader: DataLoader) -> list[int]:
-    """Return the pids of ``loader``'s live persistent worker processes ([] without them)."""
-    workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
-    return [worker.pid for worker in workers if worker.is_alive()]
-
-
-class _WholeBatches:
-    """Dataset whose items are whole batches: ``self[indices] -> read_batch(indices)``."""
-
-    def __init__(self, dataset, slots=None, options=None, reader=None):
-        self.dataset = dataset
-        self.slots = slots
-        self.options = options or {}
-        self.reader = reader  # a pipeline's HostReader: items are then (epoch, indices), read as HostBatches
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, indices):
-        if self.reader is None:
-            return self._packed(self.dataset.read_batch(indices, **self.options))
-        epoch, indices = indices
-        batch = self.reader.read(self.dataset, indices, epoch, options=self.options)
-        return batch._replace(tensors=self._packed(batch.tensors))
-
-    def _packed(self, batch):
-        return batch if self.slots is None else self.slots.pack(batch)
-
-
-def _as_is(batch):
-    return batch
 
 
 def _tuned_settings(dataset, prefetch_factor):

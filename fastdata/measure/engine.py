@@ -174,6 +174,6 @@ def touch(tensor):
 
 def close_loader(loader):
     """Stop a DataLoader's persistent workers now rather than at some later garbage collection."""
-    from fastdata.loading.loader import close_workers  # torch is loaded already: ``loader`` is a DataLoader
+    from fastdata.loading.workers import close_workers  # torch is loaded already: ``loader`` is a DataLoader
 
     close_workers(loader)

@@ -68,9 +68,9 @@ def _psutil_memory(pid):
 
 def worker_pids(loader):
     """Return the pids of a DataLoader's live worker processes (persistent workers only, else [])."""
-    from fastdata.loading import loader as loading  # torch is loaded already: ``loader`` is a DataLoader
+    from fastdata.loading import workers  # torch is loaded already: ``loader`` is a DataLoader
 
-    return loading.worker_pids(loader)
+    return workers.worker_pids(loader)
 
 
 def child_pids():

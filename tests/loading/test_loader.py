@@ -26,9 +26,10 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
-from fastdata.loading.loader import BatchLoader, worker_pids
+from fastdata.loading.loader import BatchLoader
 from fastdata.loading.readahead import ReadAhead, block_settings
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
+from fastdata.loading.workers import worker_pids
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show

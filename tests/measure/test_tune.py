@@ -9,8 +9,9 @@ import pytest
 from support import run_cli
 
 from fastdata import make_loader, open_dataset
-from fastdata.loading.loader import BatchLoader, WorkerLoader
+from fastdata.loading.loader import BatchLoader
 from fastdata.loading.recommendation import read_recommendation, tune_json_path
+from fastdata.loading.workers import WorkerLoader
 from fastdata.measure.engine import Rate, close_loader
 from fastdata.measure.tune import (
     DEFAULTS,
