@@ -20,11 +20,7 @@ copied) it is ignored with a warning. With no saved file, 0 workers (see
 NOTE [in-process default]).
 """
 
-import queue
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import closing
 
 import numpy as np
 import torch
@@ -35,6 +31,7 @@ from fastdata.errors import OptionError
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.order import SHUFFLES
+from fastdata.loading.overlap import LoopBody, read_on_thread
 from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
@@ -303,7 +300,7 @@ class BatchLoader(Resumable):
         self.prefetch_factor = prefetch_factor
         self.options = options or {}  # keyword options of every read_batch
         self._takes_threads = "threads" in _option_names(dataset)  # see NOTE [leave a core]
-        self._body = _LoopBody()  # see NOTE [adaptive read-ahead]
+        self._body = LoopBody()  # see NOTE [adaptive read-ahead]
         self._next_epoch = None  # see NOTE [next epoch's first batch]
 
     def __len__(self):
@@ -347,15 +344,15 @@ class BatchLoader(Resumable):
         ~35% of the rate of a loop that does nothing but read (measured 0.85M
         against 1.3M img/s at 64x64: GIL hand-offs per batch), yet a training
         step that runs while the thread reads hides the read entirely. So
-        batches are read inline until _STREAK loop bodies in a row take
-        longer than _BUSY_CONSUMER_SECONDS; then a thread reads the rest of
-        the epoch, in the same order, and later epochs from their start
-        until _STREAK short bodies in a row. One slow body is not enough: a
+        batches are read inline until STREAK loop bodies in a row take longer
+        than BUSY_CONSUMER_SECONDS (overlap.py); then a thread reads the rest
+        of the epoch, in the same order, and later epochs from their start
+        until STREAK short bodies in a row. One slow body is not enough: a
         single pause (a garbage collection) once switched a tight JPEG loop
         to the thread for good, at 53k against 85k img/s (64x64, 2 cores).
         """
         if first is not None:  # read early: the consumer was busy (see NOTE [next epoch's first batch])
-            yield from _read_on_thread(batches, self.prefetch_factor, self._read_next_epoch_start, first)
+            yield from read_on_thread(batches, self.prefetch_factor, self._read_next_epoch_start, first)
             return
         batches = iter(batches)
         if not self._body.busy:
@@ -365,7 +362,7 @@ class BatchLoader(Resumable):
                     break
             else:
                 return
-        yield from _read_on_thread(batches, self.prefetch_factor, at_end=self._read_next_epoch_start)
+        yield from read_on_thread(batches, self.prefetch_factor, at_end=self._read_next_epoch_start)
 
     def _read_next_epoch_start(self):
         """On the read-ahead thread, after the last batch: read the next epoch's first batch.
@@ -398,98 +395,6 @@ class BatchLoader(Resumable):
                 self.sampler.set_epoch(epoch + 1)  # this epoch is read: as iterating the sampler would
                 return first, ((epoch, batch) for batch in indices)
         return None, iter(self._steps)
-
-
-class _LoopBody:
-    """Times the training loop's body, the code that runs between two batches.
-
-    ``busy`` turns on after _STREAK bodies in a row longer than
-    _BUSY_CONSUMER_SECONDS, and off after _STREAK shorter ones (see NOTE
-    [adaptive read-ahead]). While busy, the CPU time of the loop's thread
-    is measured too (0.4 us a call, so not in tight loops), for NOTE [leave
-    a core].
-    """
-
-    _DECAY = 0.9  # weight of the past in the running sums: about the last 10 bodies count
-
-    def __init__(self):
-        self.busy = False
-        self._streak = 0  # bodies in a row on the other side of the threshold from ``busy``
-        self._wall = self._cpu = 0.0
-
-    def timed(self, batches):
-        """Yield ``batches``, timing the consumer's work after each one; close them when done."""
-        with closing(batches):
-            for batch in batches:
-                busy = self.busy
-                wall = time.perf_counter()
-                cpu = time.thread_time() if busy else 0.0
-                yield batch
-                wall = time.perf_counter() - wall
-                if busy:
-                    self._wall = self._DECAY * self._wall + wall
-                    self._cpu = self._DECAY * self._cpu + time.thread_time() - cpu
-                if (wall > _BUSY_CONSUMER_SECONDS) == busy:
-                    self._streak = 0
-                else:
-                    self._streak += 1
-                    if self._streak == _STREAK:
-                        self.busy, self._streak = not busy, 0
-
-    def keeps_a_core_busy(self):
-        """Whether the body computes on its thread more than half of its time (True until measured)."""
-        return self.busy and (self._wall == 0.0 or self._cpu > _CPU_BOUND_SHARE * self._wall)
-
-
-_DONE = object()
-_BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
-_STREAK = 3  # bodies in a row that switch reading inline <-> on a thread
-_CPU_BOUND_SHARE = 0.5  # loop thread's CPU time / body time above which decoding leaves it a core
-
-
-def _read_on_thread(batches, depth, at_end=None, first=None):
-    """Yield ``first`` (if given), then ``batches`` produced up to ``depth`` ahead by a thread.
-
-    ``at_end`` runs on the thread once ``batches`` is exhausted, before the end is signalled.
-    """
-    ready = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def offer(item):
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce():
-        try:
-            for batch in batches:
-                if not offer((batch, None)):
-                    return
-            if at_end is not None:
-                at_end()
-            offer((_DONE, None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            offer((_DONE, exc))
-
-    thread = threading.Thread(target=produce, name="fastdata-read-ahead", daemon=True)
-    thread.start()
-    try:
-        if first is not None:
-            yield first
-        while True:
-            batch, error = ready.get()
-            if batch is _DONE:
-                if error is not None:
-                    raise error
-                return
-            yield batch
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _tuned_settings(dataset, prefetch_factor):

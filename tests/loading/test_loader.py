@@ -358,7 +358,7 @@ STEP = 0.03  # a busy loop body, in seconds
 
 @pytest.fixture(autouse=True)
 def noise_proof_threshold(monkeypatch):
-    monkeypatch.setattr("fastdata.loading.loader._BUSY_CONSUMER_SECONDS", BUSY_THRESHOLD)
+    monkeypatch.setattr("fastdata.loading.overlap.BUSY_CONSUMER_SECONDS", BUSY_THRESHOLD)
 
 
 def busy_loop(iterable, seconds=STEP):

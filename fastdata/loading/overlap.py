@@ -1,0 +1,97 @@
+"""Reading while the training step runs: the loop body's timing, and a thread that reads batches ahead."""
+
+import queue
+import threading
+import time
+from contextlib import closing
+
+BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
+STREAK = 3  # bodies in a row that switch reading inline <-> on a thread
+CPU_BOUND_SHARE = 0.5  # loop thread's CPU time / body time above which decoding leaves it a core
+_DONE = object()
+
+
+class LoopBody:
+    """Times the training loop's body, the code that runs between two batches.
+
+    ``busy`` turns on after STREAK bodies in a row longer than
+    BUSY_CONSUMER_SECONDS, and off after STREAK shorter ones (see NOTE
+    [adaptive read-ahead] in loader.py). While busy, the CPU time of the
+    loop's thread is measured too (0.4 us a call, so not in tight loops), for
+    NOTE [leave a core] in loader.py.
+    """
+
+    _DECAY = 0.9  # weight of the past in the running sums: about the last 10 bodies count
+
+    def __init__(self):
+        self.busy = False
+        self._streak = 0  # bodies in a row on the other side of the threshold from ``busy``
+        self._wall = self._cpu = 0.0
+
+    def timed(self, batches):
+        """Yield ``batches``, timing the consumer's work after each one; close them when done."""
+        with closing(batches):
+            for batch in batches:
+                busy = self.busy
+                wall = time.perf_counter()
+                cpu = time.thread_time() if busy else 0.0
+                yield batch
+                wall = time.perf_counter() - wall
+                if busy:
+                    self._wall = self._DECAY * self._wall + wall
+                    self._cpu = self._DECAY * self._cpu + time.thread_time() - cpu
+                if (wall > BUSY_CONSUMER_SECONDS) == busy:
+                    self._streak = 0
+                else:
+                    self._streak += 1
+                    if self._streak == STREAK:
+                        self.busy, self._streak = not busy, 0
+
+    def keeps_a_core_busy(self):
+        """Whether the body computes on its thread more than half of its time (True until measured)."""
+        return self.busy and (self._wall == 0.0 or self._cpu > CPU_BOUND_SHARE * self._wall)
+
+
+def read_on_thread(batches, depth, at_end=None, first=None):
+    """Yield ``first`` (if given), then ``batches`` produced up to ``depth`` ahead by a thread.
+
+    ``at_end`` runs on the thread once ``batches`` is exhausted, before the end is signalled.
+    """
+    ready = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item):
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for batch in batches:
+                if not offer((batch, None)):
+                    return
+            if at_end is not None:
+                at_end()
+            offer((_DONE, None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer((_DONE, exc))
+
+    thread = threading.Thread(target=produce, name="fastdata-read-ahead", daemon=True)
+    thread.start()
+    try:
+        if first is not None:
+            yield first
+        while True:
+            batch, error = ready.get()
+            if batch is _DONE:
+                if error is not None:
+                    raise error
+                return
+            yield batch
+    finally:
+        stop.set()
+        thread.join()
