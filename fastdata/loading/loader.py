@@ -32,10 +32,11 @@ from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.order import SHUFFLES
 from fastdata.loading.overlap import LoopBody, read_on_thread
-from fastdata.loading.readahead import ReadAhead, block_settings, choose_shuffle
+from fastdata.loading.readahead import ReadAhead
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
+from fastdata.loading.shuffles import block_settings, choose_shuffle
 from fastdata.loading.state import Resumable, Steps
 from fastdata.loading.transport import SharedSlots
 from fastdata.loading.workers import WorkerLoader, worker_loader
@@ -89,7 +90,7 @@ def make_loader(
             samples, then samples within windows of blocks (large sorted
             reads for data bigger than the page cache); True: "block" where
             the dataset cannot stay in the page cache, else "uniform" (see
-            NOTE [auto shuffle] in readahead.py; under torch.distributed,
+            NOTE [auto shuffle] in shuffles.py; under torch.distributed,
             rank 0 chooses for all); a URL's dataset: "block", windows of
             shards that fit its cache (NOTE [remote shuffle] in remote.py).
         seed: base seed of the order and of ``augment`` (a non-negative int).
@@ -103,7 +104,7 @@ def make_loader(
         world_size: ranks sharing each global batch; default:
             torch.distributed's, else 1.
         block_size: samples per block of ``shuffle="block"``; default: about
-            256 KiB of samples (see NOTE [block settings] in readahead.py).
+            256 KiB of samples (see NOTE [block settings] in shuffles.py).
         window: blocks shuffled together by ``shuffle="block"``; default:
             1,024.
         num_workers: 0 reads in this process with a background thread (the
@@ -244,7 +245,7 @@ def _shuffle_mode(shuffle, fits, group):
                           f"got shuffle={shuffle!r}")
     if shuffle != "auto":
         return shuffle
-    shuffle = "uniform" if fits else "block"  # see NOTE [auto shuffle] in readahead.py
+    shuffle = "uniform" if fits else "block"  # see NOTE [auto shuffle] in shuffles.py
     if group and dist.get_world_size() > 1:  # ranks could see other free memory: rank 0 decides for all
         chosen = [shuffle]
         dist.broadcast_object_list(chosen, src=0)

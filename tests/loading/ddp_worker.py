@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from fastdata import make_loader, open_dataset
-from fastdata.loading.readahead import choose_shuffle
 from fastdata.loading.samplers import BucketBatchSampler
+from fastdata.loading.shuffles import choose_shuffle
 
 
 def make_rank_loader(dataset, spec):

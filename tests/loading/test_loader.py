@@ -27,8 +27,9 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
 from fastdata.loading.loader import BatchLoader
-from fastdata.loading.readahead import ReadAhead, block_settings
+from fastdata.loading.readahead import ReadAhead
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
+from fastdata.loading.shuffles import block_settings
 from fastdata.loading.workers import worker_pids
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -758,10 +759,10 @@ def test_make_loader_takes_rank_and_world_size_from_an_initialized_process_group
 
 
 def test_shuffle_true_reads_in_blocks_with_hints_where_the_dataset_cannot_stay_cached(small, monkeypatch):
-    # see NOTE [auto shuffle] and NOTE [hints past the cache]: readahead.choose_shuffle decides on available memory
+    # see NOTE [auto shuffle] and NOTE [hints past the cache]: shuffles.choose_shuffle decides on available memory
     cached = make_loader(small, 4, shuffle=True)
     assert cached.sampler.shuffle == "uniform" and cached.sampler.readahead is None
-    monkeypatch.setattr("fastdata.loading.readahead.available_memory", lambda: (small.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (small.nbytes // 2, "test"))
     loader = make_loader(small, 4, shuffle=True)
     assert loader.sampler.shuffle == "block"
     assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(small)
