@@ -53,15 +53,15 @@ class Parts(Sequence):
         self.stitched, self._release = None, None  # see hold()
 
     @classmethod
-    def of_stitched_rows(cls, view, rows, label_positions, expand):
+    def of_stitched_rows(cls, view, rows, label_positions, expand, release):
         """Return the Parts of a batch that is one take of ``view[rows]``, its labels at ``label_positions``.
 
         Its columns, indices, bounds and paths are ``expand()`` (a tuple of the four), made only
-        when asked for (see NOTE [steady batches] in shards.py); call ``hold`` as for other Parts.
+        when asked for (see NOTE [steady batches] in shards.py); ``release`` as for ``hold``.
         """
         parts = cls.__new__(cls)
         parts._label_bases, parts._label_positions, parts._expand = None, label_positions, expand
-        parts.num_rows, parts.stitched, parts._release = len(rows), (view, rows), None
+        parts.num_rows, parts.stitched, parts._release = len(rows), (view, rows), release
         return parts
 
     def _expanded(self):
@@ -78,10 +78,9 @@ class Parts(Sequence):
     def hold(self, release, stitched=None):
         """Keep the rows mapped until ``release()`` (see NOTE [stitched rows] in stitch.py).
 
-        ``stitched``: ``(view, rows)`` where batch row ``i`` is also ``view[rows[i]]``, or None
-        (keeps what ``of_stitched_rows`` gave).
+        ``stitched``: ``(view, rows)`` where batch row ``i`` is also ``view[rows[i]]``, or None.
         """
-        self.stitched, self._release = stitched or self.stitched, release
+        self.stitched, self._release = stitched, release
 
     def release(self):
         """Let the stitched rows go (after the batch is read); a no-op without them, or the second time."""

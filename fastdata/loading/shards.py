@@ -183,10 +183,8 @@ class ShardStore:
             self._batches += 1
             self._used[shards] = self._batches
             labels = self._label_bases[shards] + (indices - self.index.starts[shards]) * 8
-        parts = Parts.of_stitched_rows(stitch.view, stitch.rows(shards, indices), labels,
-                                       partial(self._expand, shards, indices))
-        parts.hold(stitch.release)
-        return parts
+        return Parts.of_stitched_rows(stitch.view, stitch.rows(shards, indices), labels,
+                                      partial(self._expand, shards, indices), stitch.release)
 
     def _expand(self, shards, indices):
         """Return the columns, rows, bounds and paths of a steady batch's parts (its slots are leased)."""
