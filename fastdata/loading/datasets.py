@@ -42,7 +42,7 @@ from fastdata.errors import FormatError, OptionError
 from fastdata.formats import format_of
 from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
-from fastdata.formats.shards import read_index
+from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.loading.decoders import decoder_for
 from fastdata.loading.readahead import check_pattern
 from fastdata.loading.remote import open_remote_store
@@ -73,6 +73,8 @@ class PackedDataset(Dataset):
         cache_dir: where a URL's shards are cached; default ``$FASTDATA_CACHE``, else the user's cache folder.
         cache_limit: bytes of a URL's cached shards; default: half the cache's free disk.
         prefetch: shards a loader fetches ahead of the one it reads (URLs only); default 16, 0: none.
+        index: the folder's index when the caller has read it already (open_dataset does, to pick the class):
+            a URL's index is then not fetched a second time.
     """
 
     format = None  # "hdf5" or "arrow", set by subclasses
@@ -80,18 +82,18 @@ class PackedDataset(Dataset):
     def __init__(self, path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  *, max_open_shards: int | None = None, storage_options: dict | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
-                 prefetch: int | None = None):
+                 prefetch: int | None = None, index: ShardIndex | None = None):
         self.path = os.fspath(path)
         self.prefetch = prefetch
         if is_url(self.path):
             self._store = open_remote_store(self.path, self._read, max_open_shards=max_open_shards,
                                             storage_options=storage_options, cache_dir=cache_dir,
-                                            cache_limit=cache_limit, prefetch=prefetch)  # the index; no shard fetched
+                                            cache_limit=cache_limit, prefetch=prefetch, index=index)  # no shard fetched
             self._check_container(self._store.index.container)
         elif (storage_options, cache_dir, cache_limit, prefetch) != (None,) * 4:
             raise OptionError(f"storage_options, cache_dir, cache_limit and prefetch apply to URLs, not {self.path!r}")
         elif os.path.isdir(self.path):
-            self._store = ShardStore.of_folder(self.path, self._read, max_open_shards)  # the index; no shard opened
+            self._store = ShardStore.of_folder(self.path, self._read, max_open_shards, index)  # no shard opened
             self._check_container(self._store.index.container)
         else:
             self._store = ShardStore.of_file(self.path, self.format, self._read)  # see NOTE [fingerprint]
@@ -351,11 +353,11 @@ def open_dataset(
     """
     remote = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
               "prefetch": prefetch}
+    index = None  # a folder's, read once: a URL's costs round trips (NOTE [one index request] in storage/urls.py)
     if is_url(path):
-        container = read_remote_index(path, storage_options).container
+        index = read_remote_index(path, storage_options)
     elif os.path.isdir(path):
-        container = read_index(path).container
-    else:
-        container = format_of(path)
+        index = read_index(path)
+    container = format_of(path) if index is None else index.container
     cls = HDF5Dataset if container == "hdf5" else ArrowDataset
-    return cls(path, transform=transform, max_open_shards=max_open_shards, **remote)
+    return cls(path, transform=transform, max_open_shards=max_open_shards, index=index, **remote)

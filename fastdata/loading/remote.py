@@ -17,7 +17,8 @@ samples (_PROBES), since nearly every step reads from every shard anyway.
 Measured on moto's S3 server on loopback through fastdata.measure.throttle
 (2 shared, busy cores; 15 shards of 4 MiB, 64 px raw, batches of 256, an
 empty cache, best of 3): opening took 0.05 / 0.14 / 0.25 s at 0 / 20 / 50
-ms added latency (two reads of index.json), the first batch 0.48-1.40 /
+ms added latency (two reads of index.json, 4 requests; 1 since NOTE [one
+index request] in storage/urls.py), the first batch 0.48-1.40 /
 0.50-0.69 / 0.59-0.63 s with the default window of 8 shards and 0.16-0.22 /
 0.26-0.32 / 0.37-0.43 s with a 4-shard cache (window 2); the first epoch
 ran at 5,800 / 5,500 / 4,700 img/s where 4 threads fetching every shard
@@ -44,14 +45,20 @@ from fastdata.storage.urls import filesystem, read_remote_index
 # of 8 shards) the first epoch went from 2,345 to 3,841 img/s (224 px jpeg) and from 2,941 to 5,456 (64 px
 # raw) when 16 shards were fetched ahead instead of 4: more requests in flight cover the latency.
 PREFETCH_SHARDS = 16
-PREFETCH_THREADS = 4  # parallel requests of the prefetcher
+# Parallel requests of the prefetcher. 8, not 4: through a 20 ms proxy (the streaming section's 64 px raw
+# folder, 64 shards of 1.15 MB, an empty cache, 3 runs, timed
+# as the section times epoch 1) epoch 1 from opening moved 74-82
+# MB/s against 56-71 on 4 threads; 224 px jpeg stayed at 34-38 MB/s through a 50 ms proxy, bound by decoding
+# on the cores that serve the link (NOTE [link on one machine] in benchmarks/sections/streaming.py).
+PREFETCH_THREADS = 8
 WINDOW_SHARDS = 8  # the most blocks (about a shard each) of a default remote window; see NOTE [remote shuffle]
 _PROBES = 64  # samples of a uniform step whose shards are asked for ahead
 
 
 def open_remote_store(url, read, *, max_open_shards=None, storage_options=None, cache_dir=None, cache_limit=None,
-                      prefetch=None):
-    """Return the ShardStore of the shard folder at ``url``: its index read now, its shards cached on first touch.
+                      prefetch=None, index=None):
+    """Return the ShardStore of the shard folder at ``url``: its ``index`` read now unless given, its shards cached
+    on first touch.
 
     Raises:
         NotFoundError: no index at ``url``.
@@ -60,7 +67,7 @@ def open_remote_store(url, read, *, max_open_shards=None, storage_options=None, 
     """
     if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0):
         raise OptionError(f"prefetch should be a non-negative integer (shards), got prefetch={prefetch!r}")
-    index = read_remote_index(url, storage_options)
+    index = read_remote_index(url, storage_options) if index is None else index
     fs, _ = filesystem(index.root, storage_options)
     cache = StoreCache(ShardCache(index, fs, cache_dir=cache_dir, cache_limit=cache_limit))
     return ShardStore(index, read, max_open_shards, cache=cache)

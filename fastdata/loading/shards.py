@@ -97,9 +97,9 @@ class ShardStore:
         self._reset()
 
     @classmethod
-    def of_folder(cls, root, read, max_open_shards=None):
-        """Return the store of a shard folder: its index is read, no shard is opened."""
-        return cls(read_index(root), read, max_open_shards)
+    def of_folder(cls, root, read, max_open_shards=None, index=None):
+        """Return the store of a shard folder: its ``index`` read unless given, no shard opened."""
+        return cls(read_index(root) if index is None else index, read, max_open_shards)
 
     @classmethod
     def of_file(cls, path, container, read):

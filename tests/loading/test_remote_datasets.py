@@ -319,6 +319,23 @@ def test_a_shard_deleted_or_damaged_on_the_server_is_named(remote_shards, s3_ser
     assert not [found for found in cached_files(tmp_path) if name in found], "nothing unverified is kept"
 
 
+@pytest.mark.parametrize("container", ["hdf5", "arrow"])
+def test_opening_a_url_is_one_request_and_each_shard_one_more(remote_shards, s3_server, tmp_path, container):
+    from fastdata.measure.throttle import ThrottlingProxy
+
+    local_root, url = remote_shards(container, "raw")
+    local = open_dataset(local_root)
+    with ThrottlingProxy(s3_server.endpoint) as proxy:
+        remote = open_remote(url, s3_server, tmp_path, endpoint=proxy.url)
+        assert proxy.requests == 1, "the index, fetched once, with no request for its size"
+        assert type(remote) is type(local) and remote.num_shards == local.num_shards >= 2
+        every = np.arange(len(local))
+        batches_equal([remote.read_batch(every)], [local.read_batch(every)])
+        assert proxy.requests == 1 + remote.num_shards, "a GET per shard, no HEAD"
+        open_remote(url, s3_server, tmp_path, endpoint=proxy.url).read_batch(every)
+        assert proxy.requests == 2 + remote.num_shards, "the index; every shard cached already"
+
+
 def test_a_server_failing_one_request_in_five_still_gives_the_epoch(remote_shards, s3_server, tmp_path):
     from fastdata.measure.throttle import ThrottlingProxy
 
