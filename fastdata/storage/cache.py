@@ -26,13 +26,16 @@ WAIT_SECONDS = 30.0  # how long a fetch waits for room before going over the lim
 _POLL_SECONDS = 0.05
 _ROOM_LOCK = ".room.lock"
 _PARTIAL = ".partial"
+_UNVERIFIED = ".unverified"  # a shard from an earlier boot, checked again before use; see NOTE [unsynced shards]
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 # NOTE [shard cache]: one folder per remote dataset, ``cache_root()/<key>``, the key a hash of the URL
 # and of every shard's name, size and crc32, so a dataset converted again never reuses stale files.
 # Processes (ranks, workers, two trainings) share it with nothing but files and flock(2):
 # - a complete file under its index name is always verified: a download goes to
-#   ``.<name>.<pid>-<random>.partial`` (crc32 and size computed as the bytes arrive), is fsynced,
-#   compared with the index, and renamed; a mismatch downloads once more, then raises.
+#   ``.<name>.<pid>-<random>.partial`` (crc32 and size computed as the bytes arrive), is
+#   compared with the index, and renamed; a mismatch downloads once more, then raises. It is not
+#   fsynced where the boot is known: see NOTE [unsynced shards].
 # - ``.<name>.lock``, held LOCK_EX while downloading, makes one process download a shard while
 #   the others wait for it and then find it present. Lock files stay on disk: a flock dies with its
 #   process (kill -9 included), so nothing is ever stale, and no process id is ever trusted.
@@ -57,6 +60,21 @@ _PARTIAL = ".partial"
 # Lock order: a shard's lock, then the room lock; the room lock is held only around non-blocking
 # work, so no two locks are ever waited for in a cycle. flock rather than a lock server or shared
 # memory: the kernel drops every lock of a killed process, which is the whole crash story.
+
+
+# NOTE [unsynced shards]: a download renamed into place survives any process's death (kill -9
+# included: the page cache is the kernel's), and only a kernel crash or power loss, i.e. a reboot,
+# can leave a complete-looking file whose bytes never reached the disk. So instead of an fsync per
+# shard, the folder records the boot its complete shards belong to (Linux's boot_id):
+# the first cache of a new boot renames every complete shard to ``.<name>.unverified`` and writes
+# the new boot into the room lock's file (its lock held). No fsync is needed there either: a crash
+# that loses these writes is a reboot, after which the file names an older boot whatever it holds.
+# A fetch of an unverified shard reads it back, and renames it into place if its size and crc32
+# match the index, else deletes it and downloads. Unverified files count
+# in the limit and are evicted like complete ones. Where the boot is not known (no boot_id), each
+# download is fsynced as before. Measured: the streaming section's 64 px raw folder (64 shards of
+# 1.15 MB) through a 20 ms proxy, epoch 1 from an empty cache (3 + 3 runs, alternating): 0.79-0.94 of
+# the link with fsyncs (file and folder), 0.88-0.94 without; the medians 0.82 and 0.92.
 
 
 # NOTE [locks across fork]: a flock belongs to the open file description, which a forked child
@@ -104,6 +122,15 @@ def cache_root(cache_dir=None):
     return os.path.join(base, "fastdata")
 
 
+def boot_id():
+    """Return this boot's id (Linux), or None where the system does not say."""
+    try:
+        with open(_BOOT_ID) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def cache_key(index):
     """Return 16 hex digits naming ``index``'s dataset: its URL and every shard's name, size and crc32."""
     facts = [index.root.rstrip("/"), index.names, [int(size) for size in index.sizes], index.checksums]
@@ -143,6 +170,27 @@ class ShardCache:
         self.on_full = None  # called (no arguments) while a fetch waits for room; see NOTE [shard cache]
         self._sizes = dict(zip(index.names, (int(size) for size in index.sizes)))
         self._local, self._pid = None, None
+        self._synced = not self._settle_boot()  # see NOTE [unsynced shards]
+
+    def _settle_boot(self):
+        """Make the folder's shards this boot's (NOTE [unsynced shards]); return whether the boot is known."""
+        boot = boot_id()
+        if boot is None:
+            return False
+        fd = _open_locked(os.path.join(self.folder, _ROOM_LOCK), fcntl.LOCK_EX, os.O_RDWR | os.O_CREAT)
+        try:
+            if os.pread(fd, 64, 0) != boot.encode():
+                for path, _, kind in self._scan():
+                    if kind == "complete":
+                        os.replace(path, self._unverified_path(os.path.basename(path)))
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, boot.encode(), 0)
+        finally:
+            _close(fd)
+        return True
+
+    def _unverified_path(self, name):
+        return os.path.join(self.folder, f".{name}{_UNVERIFIED}")
 
     def __repr__(self):
         return (f"<ShardCache {self.index.root!r} -> {self.folder!r}: {self.index.num_shards} shards, "
@@ -190,7 +238,7 @@ class ShardCache:
         if self._touch(shard):
             return path
         with self._locked(f".{self.index.names[shard]}.lock"):
-            if not self._touch(shard) and not self._download(shard, wait):
+            if not self._touch(shard) and not self._adopt(shard) and not self._download(shard, wait):
                 return None
         return path
 
@@ -249,7 +297,7 @@ class ShardCache:
         return sorted(self._state()["held"])
 
     def used_bytes(self):
-        """Return the bytes of the folder's shards: complete files, and partial ones at their final size."""
+        """Return the bytes of the folder's shards: complete and unverified files, partial ones at their final size."""
         return sum(size for _, size, _ in self._scan())
 
     def _touch(self, shard):
@@ -274,6 +322,29 @@ class ShardCache:
             _close(fd)
 
     # ------------------------------------------------------------ downloading
+
+    def _adopt(self, shard):
+        """Keep shard ``shard``'s copy from an earlier boot if it matches the index (its lock held); return whether.
+
+        A copy that does not match is deleted (see NOTE [unsynced shards]).
+        """
+        name = self.index.names[shard]
+        unverified = self._unverified_path(name)
+        try:
+            with open(unverified, "rb") as f:
+                size = crc = 0
+                while chunk := f.read(CHUNK_BYTES):
+                    crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+        except FileNotFoundError:
+            return False
+        try:
+            if size == self._sizes[name] and f"{crc:08x}" == self.index.checksums[shard]:
+                os.replace(unverified, self.path(shard))
+                return self._touch(shard)
+            os.unlink(unverified)
+        except FileNotFoundError:  # evicted while read
+            pass
+        return False
 
     def _download(self, shard, wait=True):
         """Download shard ``shard`` into the folder (its lock held): reserve room, copy, verify, rename.
@@ -301,7 +372,8 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)
             raise
-        sync_folder(self.folder)
+        if self._synced:
+            sync_folder(self.folder)
         return True
 
     def _copy(self, shard, partial):
@@ -321,8 +393,9 @@ class ShardCache:
                 crc, asked, size = zlib.crc32(chunk, crc), end - size, size + len(chunk)
                 if len(chunk) < asked or size > expected:
                     break
-            out.flush()
-            os.fsync(out.fileno())
+            if self._synced:
+                out.flush()
+                os.fsync(out.fileno())
         return size, f"{crc:08x}"
 
     def _remote(self, shard, call):
@@ -377,7 +450,7 @@ class ShardCache:
         if used + incoming <= self.cache_limit:
             return True
         complete = sorted((mtime, path, size) for path, size, mtime in
-                          ((path, size, _mtime(path)) for path, size, kind in files if kind == "complete"))
+                          ((path, size, _mtime(path)) for path, size, kind in files if kind != "partial"))
         for _, path, size in complete:
             if self._evict(path):
                 used -= size
@@ -386,7 +459,7 @@ class ShardCache:
         return False
 
     def _evict(self, path):
-        """Delete the complete shard at ``path`` unless a reader holds it; return whether it was deleted."""
+        """Delete the complete (or unverified) shard at ``path`` unless a reader holds it; return whether it was."""
         try:
             fd = _open_locked(path, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except FileNotFoundError:
@@ -401,7 +474,8 @@ class ShardCache:
             _close(fd)
 
     def _scan(self, clean=False):
-        """Return ``[(path, bytes, "complete"|"partial")]`` of the folder's shards; ``clean``: delete dead partials.
+        """Return ``[(path, bytes, "complete"|"partial"|"unverified")]`` of the folder's shards; ``clean``: delete
+        dead partials.
 
         Partial files count at their shard's final size (see NOTE [shard cache]).
         """
@@ -416,6 +490,9 @@ class ShardCache:
                     if clean and self._writer_is_dead(name, entry.path):
                         continue
                     files.append((entry.path, self._sizes.get(name, 0), "partial"))
+                elif entry.name.endswith(_UNVERIFIED):
+                    with contextlib.suppress(FileNotFoundError):
+                        files.append((entry.path, entry.stat().st_size, "unverified"))
         return files
 
     def _writer_is_dead(self, name, path):

@@ -17,7 +17,7 @@ from fastdata.errors import FormatError, NotFoundError, OptionError
 from fastdata.formats.shards import read_index
 from fastdata.measure.throttle import ThrottlingProxy
 from fastdata.storage import filesystem, read_remote_index
-from fastdata.storage.cache import ShardCache, cache_key, cache_root
+from fastdata.storage.cache import ShardCache, boot_id, cache_key, cache_root
 
 FETCHER = pathlib.Path(__file__).with_name("fetcher.py")
 
@@ -335,3 +335,72 @@ def test_a_forked_child_keeps_none_of_the_parents_locks(remote_shards, s3_server
     finally:
         child.kill()
         child.join()
+
+
+def pretend_a_reboot(cache):
+    """Make ``cache``'s folder look written in another boot, as after a crash (see NOTE [unsynced shards])."""
+    with open(os.path.join(cache.folder, ".room.lock"), "r+b") as f:
+        assert f.read() == boot_id().encode(), "the folder records the boot it was filled in"
+        f.seek(0)
+        f.write(b"0" * len(boot_id()))
+
+
+def unverified(cache):
+    return sorted(name for name in os.listdir(cache.folder) if name.endswith(".unverified"))
+
+
+@pytest.mark.skipif(boot_id() is None, reason="the system does not say its boot id")
+def test_shards_from_an_earlier_boot_are_checked_before_use_and_a_damaged_one_fetched_again(own_shards, s3_server,
+                                                                                           tmp_path):
+    local, url = own_shards
+    filled = s3_cache(url, s3_server.endpoint, tmp_path)
+    for shard in range(filled.index.num_shards):
+        filled.fetch(shard)
+    damaged = filled.path(1)
+    with open(damaged, "r+b") as f:  # same size: what a crash can leave under a complete name
+        f.seek(100)
+        f.write(bytes(255 - b for b in f.read(64)))
+    pretend_a_reboot(filled)
+    with ThrottlingProxy(s3_server.endpoint) as proxy:
+        cache = s3_cache(url, proxy.url, tmp_path)
+        index_requests = proxy.requests
+        assert not shard_files(cache) and len(unverified(cache)) == cache.index.num_shards
+        assert cache.used_bytes() == folder_bytes(cache) == sum(cache.index.sizes)
+        assert not cache.is_present(0)
+        for shard, name in enumerate(cache.index.names):
+            assert pathlib.Path(cache.fetch(shard)).read_bytes() == (local / name).read_bytes()
+        assert proxy.requests == index_requests + 1, "only the damaged shard is downloaded again"
+    assert shard_files(cache) == sorted(cache.index.names) and not unverified(cache)
+    s3_cache(url, s3_server.endpoint, tmp_path)  # the same boot: nothing to check again
+    assert shard_files(cache) == sorted(cache.index.names)
+
+
+@pytest.mark.skipif(boot_id() is None, reason="the system does not say its boot id")
+def test_shards_from_an_earlier_boot_are_evicted_to_make_room(remote_shards, s3_server, tmp_path):
+    _, url = remote_shards()
+    filled = s3_cache(url, s3_server.endpoint, tmp_path)
+    for shard in range(filled.index.num_shards):
+        filled.fetch(shard)
+    pretend_a_reboot(filled)
+    cache = s3_cache(url, s3_server.endpoint, tmp_path, cache_limit=2 * largest_shard(remote_shards))
+    os.unlink(os.path.join(cache.folder, f".{cache.index.names[3]}.unverified"))
+    cache.fetch(3)  # downloaded: room made by evicting the unverified copies
+    assert folder_bytes(cache) <= cache.cache_limit
+    assert shard_files(cache) == [cache.index.names[3]] and len(unverified(cache)) <= 1
+
+
+def test_without_a_boot_id_every_download_is_synced(remote_shards, s3_server, tmp_path, monkeypatch):
+    import fastdata.storage.cache as cache_module
+
+    _, url = remote_shards()
+    synced = []
+    monkeypatch.setattr(cache_module, "_BOOT_ID", str(tmp_path / "no-such-file"))
+    monkeypatch.setattr(cache_module.os, "fsync", lambda fd: synced.append(fd))
+    cache = s3_cache(url, s3_server.endpoint, tmp_path)
+    cache.fetch(0)
+    assert len(synced) >= 2, "the shard's file and its folder"
+    monkeypatch.undo()
+    synced.clear()
+    monkeypatch.setattr(cache_module.os, "fsync", lambda fd: synced.append(fd))
+    s3_cache(url, s3_server.endpoint, tmp_path).fetch(1)
+    assert not synced, "with this boot's id recorded, a download is not synced"
