@@ -19,7 +19,7 @@ from fastdata.formats.layout import (
     sample_ranges,
     stored_columns,
 )
-from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index, shard_differences
+from fastdata.formats.shards import INDEX_NAME, file_checksum, parse_column, read_index, shard_differences
 
 _SCAN = 1 << 22  # token ids per numpy pass of the vocabulary check
 
@@ -30,7 +30,8 @@ class Problem:
 
     Attributes:
         check: the check that found it: "structure", "checksum", "offsets", "labels", "jpeg" or "tokens";
-            in a shard folder also "index" and "shard" (a shard missing, of the wrong size or count).
+            in a shard folder also "index", "shard" (a shard missing, of the wrong size or count) and
+            "columns" (a column file missing, damaged, or not the shards' labels or lengths).
         message: what is wrong and where, for people.
         samples: int64 sorted indices of the damaged samples; empty where they cannot be told.
     """
@@ -270,8 +271,44 @@ def verify_folder(root, quick=False):
             Problem("labels", f"the shards' labels count {counts.tolist()} per class, the index "
                               f"{index.metadata['class_counts']}")
         )
+    _verify_columns(report, index, quick)
     _note_unlisted(report, index)
     return report
+
+
+def _verify_columns(report, index, quick):
+    """Check the column files the index lists (NOTE [column files] in formats/shards.py): size and crc32, and
+    unless ``quick`` (or a shard is damaged already), that they hold the shards' labels and lengths."""
+    for name, entry in sorted(index.columns.items()):
+        path = os.path.join(index.root, entry["name"])
+        try:
+            with open(path, "rb") as f:
+                values = parse_column(f.read(), entry, index.num_samples, path)
+        except FileNotFoundError:
+            report.problems.append(Problem("columns", f"{entry['name']!r} is missing: the index lists it. Restore "
+                                                      "it, or convert again"))
+            continue
+        except FormatError as exc:
+            report.problems.append(Problem("columns", str(exc)))
+            continue
+        report.checked.append(f"{entry['name']} crc32")
+        if quick or not report.ok:
+            continue
+        differ = np.flatnonzero(values != _shards_column(index, name))
+        if len(differ):
+            report.problems.append(Problem("columns", f"{entry['name']!r} differs from the shards' {name} at "
+                                                      f"{format_samples(differ)}: restore it, or convert again",
+                                           differ))
+        report.checked.append(f"{entry['name']} equals the shards' {name}")
+
+
+def _shards_column(index, name):
+    """Return every shard's labels (or stored lengths) concatenated, read from the shard files."""
+    parts = [np.empty(0, np.int64)]
+    for shard in range(index.num_shards):
+        columns, _ = read_packed(index.path(shard))
+        parts.append(np.asarray(columns.labels) if name == "labels" else np.diff(np.asarray(columns.offsets)))
+    return np.concatenate(parts)
 
 
 def _verify_shard(report, index, shard, quick):

@@ -171,3 +171,32 @@ def test_info_on_a_folder_without_index_is_one_error_line(tmp_path):
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1 and f"has no {INDEX_NAME}" in lines[0]
 
+
+
+@pytest.mark.parametrize("column", ["labels", "lengths"])
+def test_a_column_file_damaged_missing_or_not_the_shards_is_named(shard_converted, shard_copy, fmt, column):
+    from fastdata.formats.shards import write_column
+
+    reference = shard_converted(fmt, "text" if column == "lengths" else "raw")
+    name = f"{column}.npy"
+    assert read_index(reference).columns[column]["name"] == name, "the converter lists its column file"
+    folder = shard_copy(reference)
+    intact = (folder / name).read_bytes()
+    overwrite(folder / name, len(intact) - 1, b"\x7f")  # the last value's high byte: same size, another crc32
+    report = verify(folder)
+    assert [p.check for p in report.problems] == ["columns"] and "damaged" in report.problems[0].message
+    assert name in report.problems[0].message
+
+    (folder / name).write_bytes(intact)
+    values = np.load(folder / name)
+    values[[3, 17]] += 1  # a well-formed file that is not the shards' column
+    index = json.loads((folder / INDEX_NAME).read_text())
+    index["columns"][column] = write_column(folder, column, values)
+    (folder / INDEX_NAME).write_text(json.dumps(index))
+    report = verify(folder)
+    assert [p.check for p in report.problems] == ["columns"] and report.problems[0].samples.tolist() == [3, 17]
+    assert verify(folder, quick=True).ok, "quick: the file's own crc32 only"
+
+    os.unlink(folder / name)
+    report = verify(folder)
+    assert [p.check for p in report.problems] == ["columns"] and "missing" in report.problems[0].message

@@ -29,12 +29,14 @@ from fastdata.converters.staging import DISK_FULL_ERRNOS, process_owner
 from fastdata.errors import FastdataError, NotFoundError, OptionError, OutputExistsError
 from fastdata.formats import format_of, write_packed
 from fastdata.formats.shards import (
+    COLUMN_FILES,
     CONTAINER_EXTENSIONS,
     INDEX_NAME,
     file_checksum,
     read_index,
     shard_name,
     sync_folder,
+    write_column,
     write_index,
     write_json_atomically,
 )
@@ -128,6 +130,22 @@ def write_shard(root, number, container, columns, metadata):
     return facts
 
 
+def label_runs(labels):
+    """Return int ``labels`` as runs ``[[label, count], ...]``: a record's labels, short for class-sorted inputs."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if not len(labels):
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], labels[1:] != labels[:-1])))
+    counts = np.diff(np.append(starts, len(labels)))
+    return np.stack([labels[starts], counts], axis=1).tolist()
+
+
+def labels_of_runs(runs_of_records):
+    """Return the int64 labels of every record's ``label_runs``, in order."""
+    runs = np.array([run for runs in runs_of_records for run in runs], dtype=np.int64).reshape(-1, 2)
+    return np.repeat(runs[:, 0], runs[:, 1])
+
+
 def save_record(root, number, record, remote=None):
     """Write task ``number``'s record (NOTE [shard records]), after its shard; return the record.
 
@@ -157,7 +175,8 @@ class ShardFolder:
     NOTE [shard records]: a task's record (``.fastdata/shard-00003.json``)
     holds its input range, sample count, shard file name, size and crc32,
     and what the index needs from it (class counts, pixel sums, skipped
-    inputs). It is written after the shard is renamed into place, so a
+    inputs, its labels as runs for the labels file: NOTE [column files] in
+    formats/shards.py). It is written after the shard is renamed into place, so a
     record always names a complete file; a shard without a record (killed
     between the two) is redone. Resume keeps a shard whose record matches the
     plan and whose file has the recorded size and crc32.
@@ -221,11 +240,12 @@ class ShardFolder:
         self._clear_local()
 
     def _clear_local(self, everything=False):
-        """Remove the index, then the shards (or ``everything`` else), then the state but its lock files."""
+        """Remove the index, then the shards and column files (or ``everything`` else), then the state but its locks."""
         _remove(os.path.join(self.root, INDEX_NAME))
         sync_folder(self.root)
         for name in os.listdir(self.root):
-            if (everything and name != STATE_FOLDER) or _SHARD.fullmatch(name) or _PARTIAL.fullmatch(name):
+            if ((everything and name != STATE_FOLDER) or _SHARD.fullmatch(name) or _PARTIAL.fullmatch(name)
+                    or name in COLUMN_FILES.values()):
                 _remove(os.path.join(self.root, name))
         for name in os.listdir(self.state):
             if not name.endswith(".lock") and name != "lock":
@@ -376,8 +396,13 @@ def index_shards(root, missing_ok=False, remote=None):
     module, name = _METADATA_OF[plan["kind"]]
     metadata = getattr(importlib.import_module(module), name)(plan, records)
     shards = [{key: r[key] for key in ("name", "num_samples", "bytes", "crc32")} for r in records if r["num_samples"]]
-    write_index(root, plan["container"], metadata, plan["settings"], shards)
+    columns = {}
+    if all("label_runs" in record for record in records):  # see NOTE [column files]; older records: none
+        columns["labels"] = write_column(root, "labels", labels_of_runs([r["label_runs"] for r in records]))
+    write_index(root, plan["container"], metadata, plan["settings"], shards, columns)
     if remote is not None:  # last: every shard is there
+        for entry in columns.values():
+            remote.put(os.path.join(root, entry["name"]), entry["name"])
         remote.put(os.path.join(root, INDEX_NAME), INDEX_NAME)
     return metadata
 

@@ -18,7 +18,7 @@ from fastdata.converters.shards import (
 )
 from fastdata.errors import OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import write_index
+from fastdata.formats.shards import write_column, write_index
 from fastdata.storage.urls import is_url
 
 _SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
@@ -126,4 +126,5 @@ def write_shard_folder(root, settings, sink, table, labels, metadata, truncated,
         shards.append({**facts, "num_samples": stop - start})
     shards.reverse()
     settings = {**settings, "preprocessing": metadata["preprocessing"], "source": metadata["source"]}
-    write_index(root, container, metadata, settings, shards)
+    columns = {"labels": write_column(root, "labels", labels), "lengths": write_column(root, "lengths", lengths)}
+    write_index(root, container, metadata, settings, shards, columns)

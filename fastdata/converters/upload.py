@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from fastdata.converters.shards import PLAN_NAME, STATE_FOLDER, record_name
 from fastdata.errors import NotFoundError, OptionError, OutputExistsError
-from fastdata.formats.shards import INDEX_NAME
+from fastdata.formats.shards import COLUMN_FILES, INDEX_NAME
 from fastdata.storage.cache import cache_root
 from fastdata.storage.retry import retried
 from fastdata.storage.urls import filesystem, is_url, join
@@ -211,10 +211,11 @@ class RemoteFolder:
     def clear(self, state):
         """Remove a previous conversion from the URL: the index first, so nothing half-removed looks finished.
 
-        Only what a conversion writes goes (index, shards, the state folder), as from a local folder.
+        Only what a conversion writes goes (index, shards, column files, the state folder), as from a local folder.
         """
         fs, path = self._filesystem()
-        names = sorted(n for n in state.sizes if _SHARD.fullmatch(n) or n.startswith(STATE_FOLDER + "/"))
+        names = sorted(n for n in state.sizes if _SHARD.fullmatch(n) or n in COLUMN_FILES.values()
+                       or n.startswith(STATE_FOLDER + "/"))
         for batch in ([INDEX_NAME] if INDEX_NAME in state.sizes else [], names):
             if batch:
                 retried(lambda b=batch: fs.rm([f"{path}/{n}" for n in b]), self.url)

@@ -11,16 +11,29 @@ last, is one JSON object (never pickle)::
      "settings": {...},          # what the conversion was asked to do
      "metadata": {...},          # the dataset: classes and counts, mean/std, skipped inputs...
      "shards": [{"name": "shard-00000.h5", "start": 0, "num_samples": n,
-                 "bytes": b, "crc32": "89abcdef"}, ...]}
+                 "bytes": b, "crc32": "89abcdef"}, ...],
+     "columns": {"labels": {"name": "labels.npy", "bytes": b, "crc32": "..."},
+                 "lengths": {...}}}   # optional: see NOTE [column files]
+
+NOTE [column files]: ``dataset.labels`` (and ``lengths`` of text) are
+every shard's label column (offsets) concatenated, which for a folder at a
+URL meant downloading every shard before a class-balanced or bucketed
+sampler could start. So the index lists copies of them beside the shards:
+``labels.npy`` (and ``lengths.npy``), int64 ``[N]`` in .npy format, with
+their size and crc32, written before the index and uploaded before it. A
+reader takes them in one request each, checked against the index; an index
+without them (older folders, or records written before them) reads the
+shards, as before. ``fastdata verify`` compares them with the shards.
 
 A folder without ``index.json`` is not a dataset (yet): a conversion that
 has not finished, or whose parts are still running.
 """
 
+import io
 import json
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,6 +41,7 @@ from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import FORMAT_NAME, FORMAT_VERSION
 
 INDEX_NAME = "index.json"
+COLUMN_FILES = {"labels": "labels.npy", "lengths": "lengths.npy"}  # see NOTE [column files]
 LAYOUT = "shards"
 CONTAINER_EXTENSIONS = {"hdf5": ".h5", "arrow": ".arrow"}
 _READ_BYTES = 4 << 20  # file checksums read this many bytes at a time
@@ -71,6 +85,7 @@ class ShardIndex:
         starts: int64 ``[S + 1]``: shard ``k`` holds samples ``starts[k]:starts[k + 1]``.
         sizes: int64 ``[S]`` file sizes in bytes.
         checksums: the crc32 of each shard file, 8 hex digits.
+        columns: ``{"labels" | "lengths": {"name", "bytes", "crc32"}}``: the column files listed (NOTE [column files]).
     """
 
     root: str
@@ -81,6 +96,7 @@ class ShardIndex:
     starts: np.ndarray
     sizes: np.ndarray
     checksums: list
+    columns: dict = field(default_factory=dict)
 
     @property
     def num_samples(self):
@@ -99,7 +115,42 @@ class ShardIndex:
         return np.searchsorted(self.starts, indices, side="right") - 1
 
 
-def write_index(root, container, metadata, settings, shards):
+def write_column(root, name, values):
+    """Write int64 ``values`` as the column file of ``name`` ("labels", "lengths") in ``root``; return its entry.
+
+    Written like a shard: a hidden partial file, flushed to disk, renamed (NOTE [column files]).
+    """
+    path = os.path.join(root, COLUMN_FILES[name])
+    partial = os.path.join(root, f".{COLUMN_FILES[name]}.{os.getpid()}.partial")
+    with open(partial, "wb") as f:
+        np.save(f, np.ascontiguousarray(values, dtype="<i8"), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    entry = {"name": COLUMN_FILES[name], "bytes": os.path.getsize(partial), "crc32": file_checksum(partial)}
+    os.replace(partial, path)
+    return entry
+
+
+def parse_column(data, entry, num_samples, where):
+    """Return the int64 ``[num_samples]`` column in ``data`` (a column file's bytes), checked against its ``entry``.
+
+    Raises:
+        FormatError: the bytes are not the file the index lists, or not such a column.
+    """
+    crc = f"{zlib.crc32(data):08x}"
+    if len(data) != entry["bytes"] or crc != entry["crc32"]:
+        raise FormatError(f"{where!r} has {len(data)} bytes and crc32 {crc}, the index says {entry['bytes']} and "
+                          f"{entry['crc32']}: it is damaged; restore it, or convert again")
+    try:
+        values = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:
+        raise FormatError(f"{where!r} is not a .npy column ({exc})") from exc
+    if values.dtype != np.dtype("<i8") or values.shape != (num_samples,):
+        raise FormatError(f"{where!r} holds {values.dtype}{list(values.shape)}, not int64[{num_samples}]")
+    return values
+
+
+def write_index(root, container, metadata, settings, shards, columns=None):
     """Write ``root/index.json`` atomically (a temporary file, flushed to disk, then renamed).
 
     Args:
@@ -109,6 +160,7 @@ def write_index(root, container, metadata, settings, shards):
         settings: the conversion settings, compared on resume.
         shards: ``[{"name", "num_samples", "bytes", "crc32"}, ...]`` in sample order; shards of
             no samples are left out.
+        columns: the entries of the column files written (``write_column``), by name.
     """
     start, entries = 0, []
     for shard in shards:
@@ -126,6 +178,7 @@ def write_index(root, container, metadata, settings, shards):
         "settings": settings,
         "metadata": metadata,
         "shards": entries,
+        **({"columns": columns} if columns else {}),
     }
     write_json_atomically(os.path.join(root, INDEX_NAME), index)
 
@@ -200,6 +253,7 @@ def parse_index(data, where, root):
         starts=starts,
         sizes=np.array([shard["bytes"] for shard in shards], dtype=np.int64),
         checksums=[shard["crc32"] for shard in shards],
+        columns=index.get("columns", {}),
     )
 
 
@@ -219,3 +273,9 @@ def _check_index(index, path):
         name = shard.get("name") if isinstance(shard, dict) else None
         if not isinstance(name, str) or os.path.basename(name) != name or name.startswith("."):
             raise FormatError(f"{path!r}: shard entry {shard!r} is not a file of this folder")
+    columns = index.get("columns", {})
+    if not isinstance(columns, dict) or any(
+            name not in COLUMN_FILES or not isinstance(entry, dict) or entry.get("name") != COLUMN_FILES[name]
+            or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("crc32"), str)
+            for name, entry in columns.items()):
+        raise FormatError(f"{path!r}: its column files {columns!r} are not listed as fastdata writes them")

@@ -122,6 +122,10 @@ class StoreCache:
         """Let ``shard``'s copy be evicted again."""
         self.cache.release(shard)
 
+    def read_file(self, name):
+        """Return the bytes of the folder's file ``name`` (not a shard: a column file), one request, retried."""
+        return self.cache.read_file(name)
+
     def is_short(self, shard):
         """Return whether the cache, with ``shard`` in it, lacks room for one more of the largest shards.
 

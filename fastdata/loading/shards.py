@@ -58,7 +58,7 @@ import numpy as np
 
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import INDEX_NAME, ShardIndex, read_index, shard_differences
+from fastdata.formats.shards import INDEX_NAME, ShardIndex, parse_column, read_index, shard_differences
 from fastdata.loading.decoders import Parts, label_bases
 from fastdata.loading.readahead import advise_column, column_spans, hint_spans
 from fastdata.loading.stitch import StitchedRows
@@ -435,12 +435,31 @@ class ShardStore:
                                   else np.diff(columns.offsets))
 
     def _concatenated(self, name, column):
-        """Return ``column(columns)`` of every shard, concatenated: made once, each shard read through the cache."""
+        """Return ``column(columns)`` of every shard, concatenated, made once: from the column file the index
+        lists (NOTE [column files] in formats/shards.py), else each shard read (through the cache)."""
         if name not in self._cached:
-            parts = [column(self.columns([shard])[0]) for shard in range(self.index.num_shards)]
-            self._cached[name] = None if parts and parts[0] is None else np.concatenate(
-                [np.empty(0, np.int64), *parts]).astype(np.int64)
+            entry = self.index.columns.get(name)
+            if entry is not None:
+                self._cached[name] = self._column_file(entry)
+            else:
+                parts = [column(self.columns([shard])[0]) for shard in range(self.index.num_shards)]
+                self._cached[name] = None if parts and parts[0] is None else np.concatenate(
+                    [np.empty(0, np.int64), *parts]).astype(np.int64)
         return self._cached[name]
+
+    def _column_file(self, entry):
+        """Return the column in the file of ``entry`` beside the shards, checked against it."""
+        where = os.path.join(self.index.root, entry["name"])  # a path, or a URL (as index.path)
+        if self.cache is not None:
+            data = self.cache.read_file(entry["name"])
+        else:
+            try:
+                with open(where, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise FormatError(f"{where!r} is missing: {self.index.root!r}'s index lists it. Restore it, or "
+                                  "convert again") from None
+        return parse_column(data, entry, self.index.num_samples, where)
 
     def __getstate__(self):
         state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,

@@ -210,6 +210,15 @@ class ShardCache:
         """Return the URL of shard number ``shard``."""
         return join(self.index.root, self.index.names[shard])
 
+    def read_file(self, name):
+        """Return the bytes of the folder's file ``name`` at the URL (one GET, retried); nothing is cached."""
+        url = join(self.index.root, name)
+        try:
+            return retried(lambda: self.fs.cat_file(url, start=0), url)
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"{url!r} does not exist, and {self.index.root!r}'s index lists it; convert again "
+                                "or restore it") from exc
+
     def path(self, shard):
         """Return the local path of shard number ``shard`` (present or not)."""
         return os.path.join(self.folder, self.index.names[shard])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from support import NUM_CLASSES, PER_CLASS, folder_listing, one_error_line, run_cli, stored_images
 
 from fastdata import OptionError, OutputExistsError, SampleError, convert_imagefolder
-from fastdata.converters.shards import part_tasks, samples_per_shard, task_bounds
+from fastdata.converters.shards import label_runs, labels_of_runs, part_tasks, samples_per_shard, task_bounds
 from fastdata.formats import read_packed
 from fastdata.formats.shards import file_checksum, read_index
 
@@ -318,3 +318,31 @@ def test_cli_bad_shard_options(source_root, tmp_path, option, message):
     assert result.exit_code != 0 and message in result.output
     assert not (tmp_path / "out" / "index.json").exists()
 
+
+
+@given(st.lists(st.lists(st.integers(0, 5), max_size=40), max_size=6))
+def test_label_runs_give_back_every_records_labels_in_order(labels_of_records):
+    runs = [label_runs(np.array(labels, dtype=np.int64)) for labels in labels_of_records]
+    assert all(count > 0 for record in runs for _, count in record)
+    assert all(a[0] != b[0] for record in runs for a, b in zip(record, record[1:])), "runs are maximal"
+    flat = [label for labels in labels_of_records for label in labels]
+    assert labels_of_runs(runs).tolist() == flat and labels_of_runs(runs).dtype == np.int64
+
+
+def test_the_labels_file_is_the_shards_labels_and_an_index_without_it_still_reads(sharded_reference, shard_copy):
+    import json
+
+    from fastdata import open_dataset
+
+    reference = sharded_reference("hdf5", "jpeg")
+    index = read_index(reference)
+    assert index.columns["labels"]["name"] == "labels.npy"
+    shards = np.concatenate([read_packed(index.path(k))[0].labels for k in range(index.num_shards)])
+    assert np.array_equal(np.load(os.path.join(reference, "labels.npy")), shards)
+    assert np.array_equal(open_dataset(reference).labels, shards)
+    older = shard_copy(reference)  # as written before column files
+    listed = json.loads((older / "index.json").read_text())
+    del listed["columns"]
+    (older / "index.json").write_text(json.dumps(listed))
+    os.unlink(older / "labels.npy")
+    assert np.array_equal(open_dataset(older).labels, shards)

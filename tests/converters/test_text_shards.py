@@ -118,7 +118,7 @@ def test_folders_are_byte_identical_for_any_number_of_workers(text_corpus, tmp_p
 def test_default_shard_size_gives_one_shard_and_the_default_container(text_corpus, tmp_path):
     convert(text_corpus / "train", tmp_path / "shards")
     assert os.listdir(tmp_path) == ["shards"]  # the staging folder is gone
-    assert sorted(os.listdir(tmp_path / "shards")) == [INDEX_NAME, "shard-00000.h5"]
+    assert sorted(os.listdir(tmp_path / "shards")) == [INDEX_NAME, "labels.npy", "lengths.npy", "shard-00000.h5"]
     assert read_index(tmp_path / "shards").settings["shard_size"] == 64 << 20
 
 

@@ -336,6 +336,37 @@ def test_opening_a_url_is_one_request_and_each_shard_one_more(remote_shards, s3_
         assert proxy.requests == 2 + remote.num_shards, "the index; every shard cached already"
 
 
+def test_labels_and_lengths_of_a_url_are_a_request_each_and_no_shard(folders, kind, s3_server, tmp_path):
+    from fastdata.formats import read_packed
+    from fastdata.measure.throttle import ThrottlingProxy
+
+    local_root, url = folders
+    local = open_dataset(local_root)
+    columns = [read_packed(path)[0] for path in local.shard_paths]
+    with ThrottlingProxy(s3_server.endpoint) as proxy:
+        remote = open_remote(url, s3_server, tmp_path, endpoint=proxy.url)
+        opened = proxy.requests
+        assert np.array_equal(remote.labels, np.concatenate([c.labels for c in columns]))
+        if kind == "text":
+            assert np.array_equal(remote.lengths, np.concatenate([np.diff(c.offsets) for c in columns]))
+        assert proxy.requests == opened + (2 if kind == "text" else 1), "the column files, one GET each"
+        assert remote.labels is remote.labels and proxy.requests == opened + (2 if kind == "text" else 1)
+    assert not cached_files(tmp_path), "no shard is fetched for them"
+
+
+def test_a_damaged_labels_file_at_a_url_is_refused_by_name(remote_shards, s3_server, tmp_path):
+    local_root, _ = remote_shards("hdf5", "raw")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(local_root, damaged)
+    data = bytearray((damaged / "labels.npy").read_bytes())
+    data[-1] ^= 0x40
+    (damaged / "labels.npy").write_bytes(bytes(data))
+    remote = open_remote(upload_copy(damaged, s3_server), s3_server, tmp_path / "cache")
+    with pytest.raises(FormatError, match=r"labels\.npy.*damaged"):
+        _ = remote.labels
+    assert len(remote.read_batch(np.arange(3))[0]) == 3, "the shards still read"
+
+
 def test_a_server_failing_one_request_in_five_still_gives_the_epoch(remote_shards, s3_server, tmp_path):
     from fastdata.measure.throttle import ThrottlingProxy
 
