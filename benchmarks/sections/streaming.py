@@ -206,7 +206,8 @@ def convert(src, workdir, kind):
               "shards": target}
     inputs._cached(root, params, make)
     index = read_index(path)
-    return {"path": path, "files": [*index.names, INDEX_NAME], "size": size, "storage": storage,
+    files = [*index.names, *(entry["name"] for entry in index.columns.values()), INDEX_NAME]  # the index last
+    return {"path": path, "files": files, "size": size, "storage": storage,
             "num_shards": index.num_shards,
             "num_samples": index.num_samples, "bytes": int(sum(index.sizes)),
             "largest_shard": int(index.sizes.max()), "sample_bytes": int(sum(index.sizes)) / index.num_samples}
