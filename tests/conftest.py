@@ -10,6 +10,7 @@ import signal
 import subprocess
 
 import pytest
+from hypothesis import settings
 from support import (
     FORMATS,
     NUM_CLASSES,
@@ -23,6 +24,11 @@ from support import (
 
 from fastdata import convert_imagefolder, convert_text
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
+
+# No wall-clock deadline on property tests: these machines are shared and noisy (a 1,157-sample block order
+# took 250 ms against hypothesis's default 200 in a CI run), and speed belongs in benchmarks/.
+settings.register_profile("fastdata", deadline=None)
+settings.load_profile("fastdata")
 
 # A shell without job control starts background commands with SIGINT ignored, and children inherit
 # that: run so (``bash .ci/run &``), every "Ctrl-C during conversion" test saw its converter finish.
