@@ -17,7 +17,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from fastdata.errors import FormatError, NotFoundError, OptionError
-from fastdata.formats.shards import sync_folder
+from fastdata.formats.shards import file_checksum, sync_folder
 from fastdata.storage.retry import retried
 from fastdata.storage.urls import join
 
@@ -340,14 +340,11 @@ class ShardCache:
         name = self.index.names[shard]
         unverified = self._unverified_path(name)
         try:
-            with open(unverified, "rb") as f:
-                size = crc = 0
-                while chunk := f.read(CHUNK_BYTES):
-                    crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+            size, crc = os.path.getsize(unverified), file_checksum(unverified)
         except FileNotFoundError:
             return False
         try:
-            if size == self._sizes[name] and f"{crc:08x}" == self.index.checksums[shard]:
+            if size == self._sizes[name] and crc == self.index.checksums[shard]:
                 os.replace(unverified, self.path(shard))
                 return self._touch(shard)
             os.unlink(unverified)
