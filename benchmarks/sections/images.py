@@ -258,13 +258,13 @@ def _fastdata_epochs(setup, key, num_workers):
 
 
 @contextmanager
-def _copy_epochs(setup, mode):
+def _copy_epochs(setup, mode, threads=1):
     """Epochs of np.take of shuffled, sorted batches from a memmap of the raw pixels (no loader)."""
     from fastdata.formats import read_packed
     from fastdata.measure.limits import copy_epochs
 
     columns, _ = read_packed(setup["files"]["hdf5-raw"])
-    yield copy_epochs(columns.samples, setup["batch_size"], mode=mode, seed=setup["seed"])
+    yield copy_epochs(columns.samples, setup["batch_size"], mode=mode, seed=setup["seed"], threads=threads)
 
 
 @contextmanager

@@ -23,8 +23,11 @@ the output folder's disk use and the process tree's RSS, every 50 ms.
    group) once half its shards are written, then ``--resume``, against a
    full run.
 4. Loading: the 64 px raw shard folder and a single file of the same images
-   through make_loader (defaults), against the memcpy limit, timed in turn
-   in one process (the targets are medians of per-round ratios).
+   through make_loader (defaults), against the memcpy limit (one thread),
+   timed in turn in one process (the targets are medians of per-round
+   ratios); beside them, the same copy in halves on 2 threads, which the
+   loader's copy may use (NOTE [copy on two cores] in
+   fastdata/loading/rowcopy.py).
 5. Peers: LitData's ``optimize`` on the same decode+resize (Mosaic
    Streaming's MDSWriter: a row saying why it is not measured).
 """
@@ -59,6 +62,7 @@ DISK_SLACK_SHARDS = WORKERS  # peak disk at most final + one shard per worker (t
 RESUME_VS_FULL = 0.6  # "about half" the time of a full run, after a kill at half-way
 KILL_TRIES = 3
 LOAD_VS_LIMIT = 0.8
+LIMIT_KEYS = ("copy_prealloc", "copy_fresh")  # the memcpy limit: the faster one-thread copy
 LOAD_VS_FILE = 0.9  # "within noise" of the single file
 LOAD_ROUNDS = 7  # interleaved rounds of the loading rows per process (--quick 2)
 RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs
@@ -418,6 +422,8 @@ def loading_plan():
             {"mode": "clip"}, "copy", limit=True),
         Row("copy_fresh", f"{copy} a fresh array (previous batch alive)", "1 thread", images._copy_epochs,
             {"mode": None}, "copy", limit=True),
+        Row("copy_two_threads", f"{copy} a preallocated array, halves on 2 threads at once (not the limit)",
+            "2 threads", images._copy_epochs, {"mode": "clip", "threads": 2}, "copy"),
     ]
 
 
@@ -497,13 +503,14 @@ def summarize(results):
                            resume["resume_vs_full"], RESUME_VS_FULL,
                            f"{resume['resume_seconds']:.1f} vs {resume['full_seconds']:.1f} s", at_least=False))
     loading = {row["key"]: row for row in results["loading"]}
-    limit = max(loading["copy_prealloc"]["samples_per_s"], loading["copy_fresh"]["samples_per_s"])
+    limit = max(loading[key]["samples_per_s"] for key in LIMIT_KEYS)
     folder, single = loading["shard_folder"]["samples_per_s"], loading["single_file"]["samples_per_s"]
     rounds = f"median of {len(loading['shard_folder']['rates'])} interleaved rounds"
+    two = loading.get("copy_two_threads")
+    both_cores = f"; {folder / two['samples_per_s']:.2f} of a copy on 2 threads" if two else ""
     targets.append(_target(f"shard folder raw {RAW[0]}px, make_loader defaults vs memcpy limit",
-                           statistics.median(round_ratios(results["loading"], "shard_folder",
-                                                          ("copy_prealloc", "copy_fresh"))),
-                           LOAD_VS_LIMIT, f"{rounds}; medians {folder:,.0f} vs {limit:,.0f} samples/s"))
+                           statistics.median(round_ratios(results["loading"], "shard_folder", LIMIT_KEYS)),
+                           LOAD_VS_LIMIT, f"{rounds}; medians {folder:,.0f} vs {limit:,.0f} samples/s{both_cores}"))
     targets.append(_target(f"shard folder raw {RAW[0]}px vs one file, make_loader defaults",
                            statistics.median(round_ratios(results["loading"], "shard_folder", ("single_file",))),
                            LOAD_VS_FILE, f"{rounds}; medians {folder:,.0f} vs {single:,.0f} samples/s"))
@@ -567,7 +574,7 @@ def resume_text(resume):
 
 
 def loading_table(rows):
-    limit = max(row["samples_per_s"] for row in rows if row["key"].startswith("copy"))
+    limit = max(row["samples_per_s"] for row in rows if row["key"] in LIMIT_KEYS)
     body = [(row["method"], row["workers"], f"{row['samples_per_s']:,.0f}", f"{row['samples_per_s'] / limit:.3f}")
             for row in rows]
     return markdown_table(["loading", "workers", "samples/s", "fraction of memcpy limit"], body, "llrr")

@@ -29,6 +29,7 @@ ShardStore, which holds one file as a single shard; the shards of a folder
 are compared less often (NOTE [shard fingerprint] in shards.py).
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -123,6 +124,11 @@ class PackedDataset(Dataset):
         return self._decoder
 
     @property
+    def copies_in_background(self):
+        """Whether ``start_batch`` leaves the rows copying on helper threads (raw images on local disk)."""
+        return self._open().copies_in_background and not self.is_remote
+
+    @property
     def is_remote(self):
         """Whether the dataset is read from a URL, its shards through a local cache."""
         return self._store.cache is not None
@@ -211,15 +217,40 @@ class PackedDataset(Dataset):
         Raises:
             IndexError: an index is out of range.
         """
+        return self.start_batch(indices, pin_memory, **options)()
+
+    def start_batch(self, indices, pin_memory=False, **options):
+        """Begin ``read_batch(indices, pin_memory, **options)``; return a function that finishes it and returns it.
+
+        Where ``copies_in_background``, the rows go on being copied on helper
+        threads until that function is called (NOTE [pipelined reads] in
+        loader.py); call it exactly once: until then the batch's shards stay
+        open (and a URL's pinned in its cache).
+
+        Raises:
+            IndexError: an index is out of range.
+        """
         indices = self._check_indices(np.asarray(indices, dtype=np.int64))
         if not self._store.fits_cache(indices):
-            return self._read_shard_by_shard(indices, pin_memory, **options)
+            batch = self._read_shard_by_shard(indices, pin_memory, **options)
+            return lambda: batch
+        return functools.partial(self._finish, *self._start(indices, pin_memory, options))
+
+    def _start(self, indices, pin_memory, options):
         parts = self._store.parts(indices)
         try:
-            samples = self._open().batch_parts(parts, pin_memory, **options)
-            labels = parts.labels()
+            finish_samples = self._open().start_parts(parts, pin_memory, **options)
+            labels = parts.labels()  # read before the release (NOTE [steady batches] in shards.py)
+        except BaseException:
+            parts.release()
+            raise
+        return parts, finish_samples, labels
+
+    def _finish(self, parts, finish_samples, labels):
+        try:
+            samples = finish_samples()
         finally:
-            parts.release()  # see NOTE [stitched rows] in stitch.py; labels are read before (NOTE [steady batches])
+            parts.release()  # see NOTE [stitched rows] in stitch.py
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
         return (*samples, torch.from_numpy(labels))

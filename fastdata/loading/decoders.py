@@ -17,6 +17,7 @@ from fastdata.codecs.images import decode_jpeg, decode_jpeg_resized_crop, jpeg_d
 from fastdata.errors import FormatError
 from fastdata.formats import Columns
 from fastdata.loading.gather import address, gather_int64, row_positions
+from fastdata.loading.rowcopy import RowCopier
 
 
 class Part(NamedTuple):
@@ -141,9 +142,12 @@ class Decoder(abc.ABC):
         read_options: names of the keyword options ``batch_parts`` (and
             ``batch``) take besides ``pin_memory``; ``read_batch`` passes them on, and make_loader
             sets only the ones a decoder names.
+        copies_in_background: whether ``start_parts`` leaves the batch being
+            read on helper threads, off the GIL, until it is finished.
     """
 
     read_options: tuple[str, ...] = ()
+    copies_in_background = False
 
     def __init__(self, metadata: dict, path: str):
         self.path = path
@@ -159,6 +163,16 @@ class Decoder(abc.ABC):
     @abc.abstractmethod
     def batch_parts(self, parts: Sequence[Part], pin_memory: bool = False, **options) -> tuple[torch.Tensor, ...]:
         """Return the rows of every part, in order, as one tuple of batch tensors (no parts: an empty batch)."""
+
+    def start_parts(self, parts: Sequence[Part], pin_memory: bool = False,
+                    **options) -> Callable[[], tuple[torch.Tensor, ...]]:
+        """Begin ``batch_parts``; return a function that finishes it (call it once, before the parts are released).
+
+        Default: the batch is read here. A decoder that ``copies_in_background``
+        leaves it running on helper threads (NOTE [pipelined reads] in loader.py).
+        """
+        batch = self.batch_parts(parts, pin_memory, **options)
+        return lambda: batch
 
     def unbatch(self, *samples: torch.Tensor) -> Sequence[torch.Tensor]:
         """Return the items of a batch, one per row, equal to what ``item`` gives (default: the rows of one tensor)."""
@@ -184,26 +198,45 @@ class _ImageDecoder(Decoder):
 class RawImageDecoder(_ImageDecoder):
     """uint8 images stored as fixed ``[3, H, W]`` rows: reading is a copy."""
 
+    read_options = ("threads",)
+    copies_in_background = True
+
     def __init__(self, metadata, path):
         super().__init__(metadata, path)
         self._buffers = BufferPool()
+        self._copier = RowCopier()
 
     def item(self, columns, index, path=None):
         return torch.from_numpy(np.array(columns.samples[index]))
 
-    def batch_parts(self, parts, pin_memory=False):
+    def batch_parts(self, parts, pin_memory=False, threads=None):
+        """Copy a batch on ``threads`` threads, this one included (default: all cores; 1 in a DataLoader worker).
+
+        See NOTE [copy on two cores] in rowcopy.py.
+        """
+        return self.start_parts(parts, pin_memory, threads)()
+
+    def start_parts(self, parts, pin_memory=False, threads=None):
         parts = Parts.of(parts)  # see NOTE [parts without objects]
         out = self._buffers.take((parts.num_rows, *self.sample_shape), np.uint8)
-        # Indices are checked already; mode="clip" spares numpy a temporary copy.
+        if threads is None:
+            threads = 1 if get_worker_info() is not None else usable_cpus()  # workers own a core each
+        # Indices are checked already; the copier's mode="clip" spares numpy a temporary copy.
         if parts.stitched is not None:  # every part in one array: one take (see NOTE [stitched rows])
             view, rows = parts.stitched
-            view.take(rows, 0, out, "clip")
+            jobs = [(view, rows, out)]
         else:
             indices, bounds = parts.indices, parts.bounds
-            for columns, start, stop in zip(parts.columns, bounds, bounds[1:]):
-                columns.samples.take(indices[start:stop], 0, out[start:stop], "clip")
-        images = torch.from_numpy(out)
-        return (images.pin_memory() if pin_memory else images,)
+            jobs = [(columns.samples, indices[start:stop], out[start:stop])
+                    for columns, start, stop in zip(parts.columns, bounds, bounds[1:])]
+        copy = self._copier.start(jobs, threads)
+
+        def finish():
+            copy.finish()
+            images = torch.from_numpy(out)
+            return (images.pin_memory() if pin_memory else images,)
+
+        return finish
 
 
 class BufferPool:

@@ -26,7 +26,7 @@ def shuffled_batches(count, batch_size, seed=0):
     return [np.sort(order[i : i + batch_size]) for i in range(0, count, batch_size)]
 
 
-def copy_epochs(samples, batch_size, *, mode="clip", seed=0):
+def copy_epochs(samples, batch_size, *, mode="clip", seed=0, threads=1):
     """Return an epoch function copying shuffled, sorted batches of fixed-size ``samples`` (e.g. a memmap).
 
     Args:
@@ -34,13 +34,27 @@ def copy_epochs(samples, batch_size, *, mode="clip", seed=0):
         mode: ``np.take`` mode into one preallocated batch array ("clip" or
             "raise", see NOTE [np.take out]); None takes into a fresh array
             per batch, alive until the next one, as in a loader loop.
+        threads: with ``mode="clip"``, each batch is cut in this many equal
+            pieces copied at once, one by the calling thread (numpy frees
+            the GIL while it copies): what the memory bus gives more cores.
     """
     batches = shuffled_batches(len(samples), batch_size, seed)
     out = np.empty((batch_size, *samples.shape[1:]), samples.dtype)
+    helpers = ThreadPoolExecutor(threads - 1) if threads > 1 and mode == "clip" else None
 
     def copy_into():
         for indices in batches:
             np.take(samples, indices, axis=0, out=out[: len(indices)], mode=mode)
+        return len(samples)
+
+    def copy_in_pieces():
+        for indices in batches:
+            edges = [len(indices) * piece // threads for piece in range(threads + 1)]
+            pieces = [helpers.submit(np.take, samples, indices[a:b], 0, out[a:b], "clip")
+                      for a, b in zip(edges[1:-1], edges[2:])]
+            np.take(samples, indices[: edges[1]], axis=0, out=out[: edges[1]], mode="clip")
+            for piece in pieces:
+                piece.result()
         return len(samples)
 
     def copy_fresh():
@@ -50,7 +64,7 @@ def copy_epochs(samples, batch_size, *, mode="clip", seed=0):
             count += len(images)
         return count
 
-    return copy_fresh if mode is None else copy_into
+    return copy_fresh if mode is None else copy_in_pieces if helpers is not None else copy_into
 
 
 def token_copy_epochs(values, offsets, batch_size, max_length, *, contiguous=False, seed=0):

@@ -90,7 +90,7 @@ def test_resume_after_a_kill_keeps_the_shards_written_and_ends_equal(section):
 
 def test_loading_rows_are_measured_over_every_sample(section):
     keys = [row["key"] for row in section["loading"]]
-    assert keys == ["single_file", "shard_folder", "copy_prealloc", "copy_fresh"]
+    assert keys == ["single_file", "shard_folder", "copy_prealloc", "copy_fresh", "copy_two_threads"]
     for row in section["loading"]:
         assert row["samples_per_s"] > 0 and row["samples_per_pass"] % section["compare_source"]["num_images"] == 0
 

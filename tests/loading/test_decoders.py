@@ -9,6 +9,7 @@ import torch
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
 from fastdata.formats.shards import read_index
+from fastdata.loading import rowcopy
 from fastdata.loading.decoders import (
     DECODERS,
     Decoder,
@@ -134,6 +135,20 @@ class DecoderContract:
 class TestRawImageDecoder(DecoderContract):
     decoder_class = RawImageDecoder
     storage = "raw"
+    options = {"threads": [1, 2, 3]}
+
+    @pytest.fixture(autouse=True)
+    def every_batch_on_threads(self, monkeypatch):
+        """The session's files are small: copy even their batches in pieces on helper threads."""
+        monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 0)
+
+    def test_a_started_batch_is_the_batch(self, shards):
+        decoder, opened = shards
+        parts = [Part(columns, np.arange(columns.num_samples)[::-1].copy(), path) for columns, path in opened]
+        expected = decoder.batch_parts(parts, threads=1)[0].clone()
+        finishes = [decoder.start_parts(parts, threads=threads) for threads in (1, 2, 3, 2)]  # in flight together
+        for finish in finishes:
+            assert torch.equal(finish()[0], expected)
 
 
 class TestJpegImageDecoder(DecoderContract):

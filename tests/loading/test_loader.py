@@ -26,6 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
+from fastdata.loading import rowcopy
 from fastdata.loading.loader import BatchLoader
 from fastdata.loading.readahead import ReadAhead
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
@@ -79,18 +80,26 @@ class CopyOnWriteProbe(ProbeHDF5):
         return super().read_batch(indices, *args, **kwargs)
 
 
+def fail_on_the_third_call(dataset):
+    dataset.calls = getattr(dataset, "calls", 0) + 1
+    if dataset.calls == 3:
+        raise RuntimeError("disk on fire")
+
+
 class FailingDataset(HDF5Dataset):
     """Raises on the third batch it reads."""
 
-    def __init__(self, path):
-        super().__init__(path)
-        self.calls = 0
-
     def read_batch(self, indices, *args, **kwargs):
-        self.calls += 1
-        if self.calls == 3:
-            raise RuntimeError("disk on fire")
+        fail_on_the_third_call(self)
         return super().read_batch(indices, *args, **kwargs)
+
+
+class FailingToStartDataset(HDF5Dataset):
+    """Fails to start its third batch (the loader starts a batch one step before it yields it)."""
+
+    def start_batch(self, indices, *args, **kwargs):
+        fail_on_the_third_call(self)
+        return super().start_batch(indices, *args, **kwargs)
 
 
 # ---------------------------------------------------------------- fixtures
@@ -339,6 +348,17 @@ def test_errors_in_reading_reach_the_training_loop(packed_files):
             got.append(images)
     assert len(got) == 2
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
+
+
+def test_an_error_starting_a_batch_comes_after_the_batches_before_it(packed_files, monkeypatch):
+    monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 0)
+    dataset = FailingToStartDataset(packed_files("hdf5", "raw"))
+    got = []
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        for images, _ in make_loader(dataset, 4):
+            got.append(images)
+    assert [len(images) for images in got] == [4, 4]
+    assert torch.equal(torch.cat(got), dataset.read_batch(np.arange(8))[0])
 
 
 def test_stopping_early_stops_the_read_ahead_thread(small):

@@ -17,6 +17,8 @@ from support import column_regions, overwrite, start_methods
 from fastdata import ArrowDataset, HDF5Dataset, make_loader, open_dataset
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.shards import INDEX_NAME, read_index
+from fastdata.loading import rowcopy
+from fastdata.loading.samplers import BatchIndexSampler
 from fastdata.loading.shards import RECHECK_SECONDS
 
 CLASSES = {"hdf5": HDF5Dataset, "arrow": ArrowDataset}
@@ -352,6 +354,40 @@ def assert_same_loader_batches(folder, single, **options):
 def test_make_loader_yields_the_files_batches(pair, num_workers):
     folder, single = pair
     assert_same_loader_batches(folder, single, num_workers=num_workers, multiprocessing_context="fork")
+
+
+@pytest.fixture
+def pieces_on_threads(monkeypatch):
+    """Copy every raw batch in pieces on helper threads, however small (see NOTE [copy on two cores])."""
+    monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 0)
+
+
+@pytest.mark.parametrize("threads", [None, 1, 3])
+def test_pipelined_batches_are_the_files_and_kept_ones_stay_intact(shard_converted, shard_single, fmt,
+                                                                    pieces_on_threads, threads):
+    folder, single = open_dataset(shard_converted(fmt, "raw")), open_dataset(shard_single(fmt, "raw"))
+    loader = make_loader(folder, 7, shuffle=True, seed=1)
+    if threads is not None:
+        loader.options = {"threads": threads}
+    for epoch in range(2):
+        batches = list(loader)  # every batch kept: none may be overwritten by a later copy
+        order = BatchIndexSampler(len(folder), 7, shuffle=True, seed=1)
+        order.set_epoch(epoch)
+        assert len(batches) == len(order)
+        for batch, indices in zip(batches, order):
+            assert_same_batch(batch, single.read_batch(indices))
+
+
+def test_stopping_a_pipelined_loader_early_ends_its_copies_and_leases(shard_converted, fmt, pieces_on_threads):
+    folder = open_dataset(shard_converted(fmt, "raw"))
+    batches = iter(make_loader(folder, 6, shuffle=True))
+    first = next(batches)
+    kept = first[0].clone()
+    next(batches)  # the next batch is started already
+    batches.close()
+    stitch = folder._store._stitch
+    assert stitch is None or stitch._leases == 0  # every started batch finished and released its rows
+    assert torch.equal(first[0], kept)
 
 
 @pytest.mark.parametrize("start_method", start_methods("spawn", "forkserver"))

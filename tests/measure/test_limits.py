@@ -36,10 +36,10 @@ def test_shuffled_batches_cover_every_sample_once_sorted():
     assert sorted(np.concatenate(batches).tolist()) == list(range(10))
 
 
-@pytest.mark.parametrize("mode", ["clip", "raise", None])
-def test_copy_epochs_take_every_stored_sample(packed_files, mode):
+@pytest.mark.parametrize("mode, threads", [("clip", 1), ("raise", 1), (None, 1), ("clip", 2), ("clip", 3)])
+def test_copy_epochs_take_every_stored_sample(packed_files, mode, threads):
     columns, metadata = read_packed(packed_files("hdf5", "raw"))
-    run_epoch = copy_epochs(columns.samples, 5, mode=mode)
+    run_epoch = copy_epochs(columns.samples, 5, mode=mode, threads=threads)
     assert run_epoch() == metadata["num_samples"] == run_epoch()
 
 

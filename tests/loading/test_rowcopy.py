@@ -1,0 +1,117 @@
+"""Copying a batch's rows on helper threads (rowcopy.py): the rows, the pieces, a late helper, a failing piece."""
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastdata.loading import rowcopy
+from fastdata.loading.rowcopy import SHARES, RowCopier, _split
+
+
+@pytest.fixture(autouse=True)
+def any_batch_on_threads(monkeypatch):
+    monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 0)
+
+
+def sources_and_jobs(tmp_path, draw_rows, sizes, row_shape=(3, 4, 5)):
+    """Memory-mapped sources of ``sizes`` rows, their jobs (rows drawn per source) into one batch, and that batch."""
+    jobs, expected, count = [], [], 0
+    picks = [draw_rows(size) for size in sizes]
+    out = np.zeros((sum(len(rows) for rows in picks), *row_shape), np.uint8)
+    for k, (size, rows) in enumerate(zip(sizes, picks)):
+        source = np.lib.format.open_memmap(tmp_path / f"{k}.npy", mode="w+", dtype=np.uint8, shape=(size, *row_shape))
+        source[:] = np.random.default_rng(k).integers(0, 256, source.shape, dtype=np.uint8)
+        rows = np.asarray(rows, np.int64)
+        jobs.append((source, rows, out[count : count + len(rows)]))
+        expected.append(np.asarray(source)[rows])
+        count += len(rows)
+    return jobs, out, np.concatenate(expected) if expected else out.copy()
+
+
+@settings(max_examples=40)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=5), threads=st.integers(1, 4),
+       share=st.floats(SHARES[0], SHARES[1]), data=st.data())
+def test_the_batch_equals_one_take_per_source(tmp_path_factory, sizes, threads, share, data):
+    def draw_rows(size):  # unsorted, with repeats, possibly none
+        return data.draw(st.lists(st.integers(0, size - 1), max_size=30))
+
+    jobs, out, expected = sources_and_jobs(tmp_path_factory.mktemp("rows"), draw_rows, sizes)
+    copier = RowCopier()
+    copier.share = share
+    copier.start(jobs, threads).finish()
+    assert np.array_equal(out, expected)
+
+
+@settings(max_examples=60)
+@given(lengths=st.lists(st.integers(0, 50), min_size=1, max_size=6), threads=st.integers(2, 5),
+       share=st.floats(SHARES[0], SHARES[1]))
+def test_pieces_cover_every_row_once_in_order_and_the_callers_is_its_share(lengths, threads, share):
+    jobs = [(k, np.arange(n) + 1000 * k, np.arange(n)) for k, n in enumerate(lengths)]
+    pieces = _split(jobs, threads, share)
+    flat = [(source, row, slot) for piece in pieces for source, rows, slots in piece
+            for row, slot in zip(rows.tolist(), slots.tolist())]
+    assert flat == [(k, row, slot) for k, rows, slots in jobs for row, slot in zip(rows.tolist(), slots.tolist())]
+    total = sum(lengths)
+    assert len(pieces) <= threads
+    if total >= 10 * threads:  # the last piece is the caller's: about share / (threads - 1 + share) of the rows
+        caller = sum(len(rows) for _, rows, _ in pieces[-1])
+        assert abs(caller - total * share / (threads - 1 + share)) <= len(lengths) + 1
+
+
+def test_a_helper_that_never_runs_leaves_its_piece_to_the_caller(tmp_path):
+    jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size)[::-1], [64, 64])
+    copier = RowCopier()
+    blocker = threading.Event()
+    busy = copier._helpers(1).submit(blocker.wait)  # the only helper thread is taken: no piece of ours can start
+    try:
+        copy = copier.start(jobs, threads=2)
+        share = copier.share
+        copy.finish()  # returns: the caller copied both pieces, waiting for nobody
+        assert np.array_equal(out, expected)
+        assert copier.share < share  # the caller did not wait, so it takes less next time
+        assert all(helper.cancelled() for helper in copy.helpers)
+    finally:
+        blocker.set()
+        busy.result()
+
+
+class Unreadable:
+    """A source whose rows cannot be read, as a page of a truncated file mapped."""
+
+    def take(self, rows, axis, out, mode):
+        raise OSError("the rows are gone")
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_failing_piece_raises_from_finish_after_every_piece_ended(tmp_path, failing):
+    jobs, out, _ = sources_and_jobs(tmp_path, lambda size: np.arange(size), [200, 200])
+    jobs[failing] = (Unreadable(), jobs[failing][1], jobs[failing][2])
+    copier = RowCopier()
+    copier.share = 1.0  # equal pieces: each source is one piece, whichever thread runs it
+    copy = copier.start(jobs, threads=2)
+    with pytest.raises(OSError, match="the rows are gone"):
+        copy.finish()
+    assert copy._done.is_set()
+
+
+def test_one_thread_or_a_small_batch_is_copied_at_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 1 << 30)
+    jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size), [10])
+    copy = RowCopier().start(jobs, threads=4)
+    assert np.array_equal(out, expected) and not copy.helpers  # before finish: no helper took part
+    copy.finish()
+
+
+def test_a_pickled_copier_starts_its_own_threads(tmp_path):
+    import pickle
+
+    copier = RowCopier()
+    copier._helpers(1)
+    clone = pickle.loads(pickle.dumps(copier))
+    assert clone._pool is None and clone.share == copier.share
+    jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size), [50])
+    clone.start(jobs, threads=2).finish()
+    assert np.array_equal(out, expected)
