@@ -56,6 +56,7 @@ STATE_FOLDER = ".fastdata"
 PLAN_NAME = "plan.json"
 _PARTIAL = re.compile(r"\.shard-(\d+)\.[0-9a-f]{8}-\d+-\d+\.partial\.(h5|arrow)")
 _PARTIAL_RECORD = re.compile(r"shard-(\d+)\.json\.\d+\.partial")  # see write_json_atomically
+_PARTIAL_COLUMN = re.compile(r"\.(labels|lengths)\.npy\.\d+\.partial")  # see write_column
 _SHARD = re.compile(r"shard-\d+\.(h5|arrow)")
 # plan kind -> (module, function(plan, records) -> the dataset metadata of the index)
 _METADATA_OF = {"image": ("fastdata.converters.imageshards", "shard_folder_metadata")}
@@ -240,12 +241,12 @@ class ShardFolder:
         self._clear_local()
 
     def _clear_local(self, everything=False):
-        """Remove the index, then the shards and column files (or ``everything`` else), then the state but its locks."""
+        """Remove the index, shards and column files, partial ones too (or ``everything``), the state but its locks."""
         _remove(os.path.join(self.root, INDEX_NAME))
         sync_folder(self.root)
         for name in os.listdir(self.root):
             if ((everything and name != STATE_FOLDER) or _SHARD.fullmatch(name) or _PARTIAL.fullmatch(name)
-                    or name in COLUMN_FILES.values()):
+                    or name in COLUMN_FILES.values() or _PARTIAL_COLUMN.fullmatch(name)):
                 _remove(os.path.join(self.root, name))
         for name in os.listdir(self.state):
             if not name.endswith(".lock") and name != "lock":

@@ -206,8 +206,10 @@ def test_finished_folder_is_kept_unless_overwritten(source_root, tmp_path, shard
         convert_imagefolder(source_root, out, **sharded_options())
     report = convert_imagefolder(source_root, out, resume=True, **sharded_options())  # nothing to do
     assert report.num_samples == NUM_SAMPLES and inodes(out) == before
+    (out / ".labels.npy.4242.partial").write_bytes(b"left by a writer killed mid-write")
     convert_imagefolder(source_root, out, overwrite=True, workers=2, **sharded_options())
     assert folder_bytes(out) == folder_bytes(sharded_reference())
+    assert not (out / ".labels.npy.4242.partial").exists()
     assert not set(inodes(out).values()) & set(before.values())
 
 
