@@ -109,6 +109,8 @@ def test_bounded_rows_read_evicted_files_from_disk_inside_the_cgroup(section):
             assert 1 <= row["classes_per_batch"] <= min(scale.BATCH, 61) and row["order"]["shuffle"] == row["shuffle"]
             assert row["process_bytes"] <= row["disk_bytes"] * 1.01  # the device counts every process
         assert [row["warm"] for row in data["cached"]] == ([True, True] if data["storage"] == "jpeg" else [])
+        for row in data["cached"]:  # the same files as the disk rows, every page cached (NOTE [cached baseline])
+            assert row["path"] == data["rows"][1]["path"] and row["resident_after"] > 0.99
 
 
 @pytest.mark.slow
