@@ -63,6 +63,8 @@ RESUME_VS_FULL = 0.6  # "about half" the time of a full run, after a kill at hal
 KILL_TRIES = 3
 LOAD_VS_LIMIT = 0.8
 LIMIT_KEYS = ("copy_prealloc", "copy_fresh")  # the memcpy limit: the faster one-thread copy
+LITDATA_MISSING = ("not installed: it requires torchvision, whose PyPI build does not load against the CPU torch "
+                   "pinned here (see the peers extra in pyproject.toml); install both by hand to compare")
 LOAD_VS_FILE = 0.9  # "within noise" of the single file
 LOAD_ROUNDS = 7  # interleaved rounds of the loading rows per process (--quick 2)
 RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs
@@ -437,7 +439,7 @@ def litdata_row(src, workdir, shard_bytes):
     row = {"key": "litdata", "tool": "LitData optimize", "size": RAW[0], "num_images": src["num_images"],
            "workers": WORKERS, "shard_size": shard_bytes, "version": installed_version("litdata")}
     if row["version"] is None:
-        return {**row, "skipped": "not installed: pip install 'fastdata[peers]'"}
+        return {**row, "skipped": LITDATA_MISSING}
     out = os.path.join(workdir, "out", f"{src['num_images']}-litdata")
     shutil.rmtree(out, ignore_errors=True)
     args = {"src": src["root"], "out": out, "size": RAW[0], "shard_size": shard_bytes, "workers": WORKERS}
