@@ -295,7 +295,7 @@ class PackedDataset(Dataset):
         check_pattern(pattern)
         self._store.advise(pattern)
 
-    def will_need(self, ranges: np.ndarray) -> bool:
+    def will_need(self, ranges: np.ndarray, give=None) -> bool:
         """Ask the kernel to read the stored bytes of samples ``[start, stop)`` now, in the background.
 
         Cheap, and changes no result; skipped when a sample of the ranges is in
@@ -303,12 +303,13 @@ class PackedDataset(Dataset):
 
         Args:
             ranges: int64 ``[K, 2]`` sample ranges, clipped to the dataset; any order, may overlap or span shards.
+            give: ``give(call, *args)`` runs the kernel call (e.g. on a thread); default: here, now.
 
         Returns:
             Whether the kernel was asked.
         """
         ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-        return self._store.hint(np.clip(ranges, 0, self._num_samples), "will_need")
+        return self._store.hint(np.clip(ranges, 0, self._num_samples), "will_need", give)
 
     def done_with(self, ranges: np.ndarray, drop: bool = False) -> None:
         """Tell the kernel that samples ``[start, stop)`` (int64 ``[K, 2]``) read here are not read again soon.

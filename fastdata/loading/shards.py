@@ -399,10 +399,10 @@ class ShardStore:
                     if columns is not None:
                         advise_column(columns.samples, pattern)
 
-    def hint(self, ranges, hint):
+    def hint(self, ranges, hint, give=None):
         """Give the kernel a ``hint`` ("will_need", "done") on the sample bytes of int64 ``[K, 2]`` global ``ranges``.
 
-        Returns whether it was asked (see ``hint_spans``); ``ranges`` are checked.
+        Returns whether it was asked (see ``hint_spans``, which ``give`` goes to); ``ranges`` are checked.
         """
         ranges = ranges[ranges[:, 1] > ranges[:, 0]]
         if not len(ranges):
@@ -418,7 +418,7 @@ class ShardStore:
         shards, where = np.unique(first, return_inverse=True)
         spans = [column_spans(columns.samples, columns.offsets, ranges[where == k] - starts[shard])
                  for k, (shard, columns) in enumerate(zip(shards.tolist(), self.columns(shards)))]
-        return hint_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]), hint)
+        return hint_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]), hint, give)
 
     def labels(self):
         """Return int64 labels ``[N]``: the file's memory map, or every shard's concatenated once."""

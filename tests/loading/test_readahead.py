@@ -179,12 +179,16 @@ def test_a_uniform_read_ahead_hints_this_ranks_rows_of_the_next_steps(copied):
     read_ahead = ReadAhead(copied, order, rank=1, world_size=2, lookahead=2)
     where.evict()
     read_ahead.start(epoch=3, step=1)  # hints steps 1-4: lookahead steps and as many more, in one chunk
+    read_ahead.flush()  # given on the hint thread (NOTE [hint thread])
     where.check_exactly(rows_of(order, 3, range(1, 5), 1, 2))
+    assert "fastdata-hints" in {thread.name for thread in threading.enumerate()}
     where.evict()
     for step in (2, 3):  # still ahead by lookahead: nothing new
         read_ahead.advance(step)
+    read_ahead.flush()
     assert not where.resident()[~where.pinned].any()
     read_ahead.advance(4)
+    read_ahead.flush()
     where.check_exactly(rows_of(order, 3, range(5, order.num_steps), 1, 2))
 
 
@@ -201,6 +205,7 @@ def test_a_uniform_read_ahead_over_cached_rows_hints_again_once_they_are_evicted
     where.evict()
     for step in range(1, order.num_steps):
         read_ahead.advance(step)
+    read_ahead.flush()
     where.check_exactly(rows_of(order, 0, range(2, order.num_steps), 0, 1))
 
 
