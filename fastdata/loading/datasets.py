@@ -125,8 +125,12 @@ class PackedDataset(Dataset):
 
     @property
     def copies_in_background(self):
-        """Whether ``start_batch`` leaves the rows copying on helper threads (raw images on local disk)."""
-        return self._open().copies_in_background and not self.is_remote
+        """Whether ``start_batch`` leaves the rows copying on helper threads (raw images)."""
+        return self._open().copies_in_background
+
+    def fits_cache(self, indices) -> bool:
+        """Whether the shards of samples ``indices`` (in range) fit a URL's cache together; always for local files."""
+        return self._store.fits_cache(np.asarray(indices, dtype=np.int64))
 
     @property
     def is_remote(self):
@@ -225,7 +229,8 @@ class PackedDataset(Dataset):
         Where ``copies_in_background``, the rows go on being copied on helper
         threads until that function is called (NOTE [pipelined reads] in
         loader.py); call it exactly once: until then the batch's shards stay
-        open (and a URL's pinned in its cache).
+        open (and a URL's held in its cache: start another batch before only
+        where ``fits_cache`` of both batches' indices).
 
         Raises:
             IndexError: an index is out of range.

@@ -327,21 +327,27 @@ class BatchLoader(Resumable):
         # next step's indices and rows are worked out (Python, ~80 us of a
         # ~300 us step at 64 px) while helper threads copy this batch: each
         # batch is started one step before it is finished and yielded.
-        # Measured: see NOTE [copy on two cores] in rowcopy.py.
-        pending, error = [], None
+        # Measured: see NOTE [copy on two cores] in rowcopy.py. A URL's
+        # batch holds its shards in the cache until finished, so the next
+        # one starts first only where both batches' shards fit the cache
+        # together; else the reader would wait for room it holds itself.
+        pending, error = [], None  # (indices, finish) of batches started, not yet yielded
+        remote = self.dataset.is_remote
         try:
             for _, indices in steps:
+                if pending and remote and not self.dataset.fits_cache(np.concatenate([pending[-1][0], indices])):
+                    yield pending.pop(0)[1]()
                 try:
-                    pending.append(self.dataset.start_batch(indices, self.pin_memory, **self._options()))
+                    pending.append((indices, self.dataset.start_batch(indices, self.pin_memory, **self._options())))
                 except Exception as exc:  # raised after the batches before it, as a plain read would
                     error = exc
                     break
                 if len(pending) > 1:
-                    yield pending.pop(0)()
+                    yield pending.pop(0)[1]()
             while pending:
-                yield pending.pop(0)()
+                yield pending.pop(0)[1]()
         finally:
-            for finish in pending:  # closed early or failed: the copies end before their buffers go
+            for _, finish in pending:  # closed early or failed: the copies end before their buffers go
                 try:
                     finish()
                 except Exception:  # a batch nobody will see: its error is not the one to report

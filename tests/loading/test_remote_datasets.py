@@ -17,6 +17,7 @@ import torch
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FormatError, NotFoundError, OptionError
+from fastdata.loading import rowcopy
 from fastdata.loading.remote import ShardReadAhead
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")  # aiohttp sessions of s3fs closed at exit
@@ -205,6 +206,38 @@ def test_batches_over_more_shards_than_a_two_shard_cache_holds_read_one_shard_at
             assert time.monotonic() - started < 20, "a batch waited for the cache"
             assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
     assert 0 < most[0] <= 2 * largest + largest, f"the cache held {most[0]} bytes, its limit is {2 * largest}"
+
+
+@pytest.mark.parametrize("cache_shards", [None, 2])
+def test_a_remote_loader_starts_a_batch_early_only_where_both_fit_the_cache(many_shards, s3_server, tmp_path,
+                                                                          monkeypatch, cache_shards):
+    # NOTE [pipelined reads] in loader.py: two batches in flight hold both their shards in the cache
+    monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 0)
+    local_root, url = many_shards
+    local = open_dataset(local_root)
+    largest = int(max(os.path.getsize(path) for path in local.shard_paths))
+    options = {} if cache_shards is None else {"cache_limit": cache_shards * largest}
+    remote = open_remote(url, s3_server, tmp_path, **options)
+    events, start_batch, depth = [], remote.start_batch, []
+
+    def start_and_note(indices, *args, **kwargs):  # the loader's calls, not a batch's own pieces (read_batch)
+        if not depth:
+            events.append("start")
+        depth.append(1)
+        try:
+            return start_batch(indices, *args, **kwargs)
+        finally:
+            depth.pop()
+
+    remote.start_batch = start_and_note
+    started, got = time.monotonic(), []
+    for batch in make_loader(remote, 3, shuffle="uniform", seed=5):
+        events.append("yield")
+        got.append(batch)
+    assert time.monotonic() - started < 60, "a batch waited for the cache"
+    batches_equal(got, list(make_loader(local, 3, shuffle="uniform", seed=5)))
+    ahead = max(events[:k].count("start") - events[:k].count("yield") for k in range(len(events) + 1))
+    assert ahead == (2 if cache_shards is None else 1)  # a 2-shard cache never holds two batches of 3 samples
 
 
 def test_two_processes_sharing_a_cache_download_each_shard_once(remote_shards, s3_server, tmp_path):
