@@ -122,12 +122,11 @@ def hint_spans(starts: np.ndarray, stops: np.ndarray, hint: str = "will_need", g
     spans = _page_spans(starts, stops)
     if hint == "will_need" and _resident(spans[np.linspace(0, len(spans) - 1, min(len(spans), _PROBES)).astype(int)]):
         return False
-    (give or _call)(_advise, spans, _HINTS[hint])
+    if give is None:
+        _advise(spans, _HINTS[hint])
+    else:
+        give(_advise, spans, _HINTS[hint])
     return True
-
-
-def _call(call, *args):
-    call(*args)
 
 
 def _advise(spans, advice):
@@ -310,8 +309,9 @@ class ReadAhead:
     def _will_need(self, positions):
         positions = np.asarray(positions, dtype=np.int64)
         positions = positions[positions < self.order.epoch_length]
-        ranges = runs(self.order.samples(self._epoch, positions))
-        return bool(len(positions)) and self.dataset.will_need(ranges, give=self._hints.submit)
+        if not len(positions):
+            return False
+        return self.dataset.will_need(runs(self.order.samples(self._epoch, positions)), give=self._hints.submit)
 
     # NOTE [window hints]: a block order hints its window whole when an
     # epoch starts in it, and the next window a share per step, in file

@@ -15,7 +15,7 @@ while it runs Python, so with 4 small pieces a step took 380 us against
 counter, so a helper the OS has not run yet leaves its piece to the
 caller, and the caller waits only for pieces a helper has claimed.
 
-The caller's piece is ``share`` of the batch, balanced as the loader
+The caller's piece is ``share`` of a helper's, balanced as the loader
 runs: up a step when the caller had to wait for a helper, down a step when
 it did not. Measured on 64 px raw shards through make_loader (10 epochs
 of 40 batches, 2 cores) with fixed shares: 0.5 of an equal piece 280-290
@@ -47,12 +47,10 @@ class RowCopier:
         self._pool, self._size, self._pid = None, 0, None
         self.share = SHARES[1]
 
-    def take(self, source, rows, out, threads=1):
-        """Copy ``source[rows]`` into ``out`` (rows checked by the caller, ``len(out) == len(rows)``)."""
-        self.start([(source, rows, out)], threads).finish()
-
     def start(self, jobs, threads=1):
-        """Begin copying each ``(source, rows, out)`` of ``jobs`` as ``take`` does; return its Copy.
+        """Begin ``source.take(rows, 0, out, "clip")`` of each ``(source, rows, out)`` of ``jobs``; return its Copy.
+
+        Rows are checked by the caller, and ``len(out) == len(rows)``.
 
         The copy runs on helper threads until ``finish()``, which copies what
         they have not claimed and returns once all is copied; call it exactly
