@@ -9,6 +9,7 @@ DataLoader workers can unpickle them.
 """
 
 import multiprocessing
+import signal
 from functools import partial
 
 import numpy as np
@@ -73,6 +74,11 @@ class RawFolderListDataset(RawFolderDataset):
         self.paths = [str(path) for path in paths]
 
 
+def plain_pool(workers):
+    """Return a ``multiprocessing.Pool`` of ``workers`` that SIGTERM ends (NOTE [forked SIGTERM] in limits.py)."""
+    return multiprocessing.Pool(workers, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL))
+
+
 def pool_decode(paths, size, workers):
     """Decode and resize every path on a plain ``multiprocessing.Pool``; return uint8 ``[N, size, size, 3]``.
 
@@ -81,7 +87,7 @@ def pool_decode(paths, size, workers):
     """
     out = np.empty((len(paths), size, size, 3), np.uint8)
     chunksize = max(1, min(64, len(paths) // (workers * 8)))
-    with multiprocessing.Pool(workers) as pool:
+    with plain_pool(workers) as pool:
         for index, pixels in enumerate(pool.imap(partial(load_resized, size=size), paths, chunksize)):
             out[index] = pixels
     return out

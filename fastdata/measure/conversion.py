@@ -15,7 +15,6 @@ images section's does (``baselines.load_resized``), and keeps nothing.
 """
 
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -26,7 +25,7 @@ from functools import partial
 
 from fastdata._optional import require
 from fastdata.codecs.images import encode_jpeg
-from fastdata.measure.baselines import load_resized
+from fastdata.measure.baselines import load_resized, plain_pool
 
 
 def folder_usage(root):
@@ -185,7 +184,7 @@ def pool_decode_count(paths, size, workers, quality=None):
     Pool start-up is included.
     """
     chunksize = max(1, min(64, len(paths) // (workers * 8)))
-    with multiprocessing.Pool(workers) as pool:
+    with plain_pool(workers) as pool:
         return sum(pool.imap_unordered(partial(_decode_only, size=size, quality=quality), paths, chunksize))
 
 

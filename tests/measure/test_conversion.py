@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from fastdata.converters import find_images
+from fastdata.measure.baselines import plain_pool
 from fastdata.measure.conversion import count_shards, folder_usage, pool_decode_count, run_watched, tree_rss
 from fastdata.measure.synthetic import make_imagefolder
 
@@ -100,6 +101,17 @@ def test_count_shards_counts_finished_shards_of_one_extension(tmp_path):
         (tmp_path / name).touch()
     assert count_shards(tmp_path, ".h5") == 2 and count_shards(tmp_path, ".arrow") == 1
     assert count_shards(tmp_path / "missing", ".h5") == 0
+
+
+def _sigterm_is_default(_):
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_plain_pool_processes_end_on_sigterm_under_a_parent_handler_that_returns():
+    # NOTE [forked SIGTERM] in fastdata/measure/limits.py: the autouse restore_sigterm fixture puts it back
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    with plain_pool(2) as pool:
+        assert all(pool.map(_sigterm_is_default, range(8), chunksize=1))
 
 
 def test_pool_decode_count_decodes_every_image(tmp_path):
