@@ -48,6 +48,7 @@ from fastdata.loading.decoders import decoder_for
 from fastdata.loading.readahead import check_pattern
 from fastdata.loading.remote import open_remote_store
 from fastdata.loading.shards import ShardStore
+from fastdata.loading.windows import WindowReads
 from fastdata.storage.urls import is_url, read_remote_index
 
 
@@ -325,6 +326,22 @@ class PackedDataset(Dataset):
         """
         ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
         self._store.hint(np.clip(ranges, 0, self._num_samples), "drop" if drop else "done")
+
+    def read_windows(self, order):
+        """Take batches from ``order``'s windows read whole (direct I/O) from now on; return the WindowReads, or None.
+
+        For a block order over data bigger than the page cache, read by one
+        process (see NOTE [window reads] in windows.py): local HDF5 files of
+        raw images whose disk takes direct I/O; None (and no change) elsewhere.
+        Tell the WindowReads which windows to read (``want``); batches outside
+        them are read from the files as before.
+        """
+        if self.format != "hdf5" or self.storage != "raw" or self.is_remote:
+            return None
+        reads = WindowReads.of(self._store, order)
+        if reads is not None:
+            self._store.windows = reads
+        return reads
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):

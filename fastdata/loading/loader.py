@@ -88,7 +88,9 @@ def make_loader(
         shuffle: False or "none": in index order; "uniform": a new seeded
             order each epoch; "block": shuffled blocks of consecutive
             samples, then samples within windows of blocks (large sorted
-            reads for data bigger than the page cache); True: "block" where
+            reads for data bigger than the page cache; read whole into this
+            process's memory where it reads alone, NOTE [window reads] in
+            windows.py); True: "block" where
             the dataset cannot stay in the page cache, else "uniform" (see
             NOTE [auto shuffle] in shuffles.py; under torch.distributed,
             rank 0 chooses for all); a URL's dataset: "block", windows of
@@ -177,7 +179,7 @@ def make_loader(
     order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
                      "world_size": world_size, "block_size": block_size, "window": window}
     if batch_sampler is None:
-        sampler = _index_sampler(dataset, batch_size, seed, **order_options)
+        sampler = _index_sampler(dataset, batch_size, seed, **order_options, one_reader=num_workers == 0)
     else:
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
@@ -195,8 +197,11 @@ def make_loader(
 
 
 def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, rank, world_size, block_size,
-                   window):
-    """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default."""
+                   window, one_reader=False):
+    """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default.
+
+    ``one_reader``: this process reads every batch of its rank (no workers).
+    """
     group = dist.is_available() and dist.is_initialized()
     rank, world_size = resolve_rank(rank, world_size)
     remote = isinstance(dataset, PackedDataset) and getattr(dataset, "is_remote", False)
@@ -222,7 +227,11 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
         # 361k against 146k in block order. A dataset that fits is read from
         # disk once whatever the order (the read-around pages stay cached),
         # so only one that does not fit gets them.
-        sampler.readahead = ReadAhead(dataset, sampler.order, rank, world_size)
+        # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
+        # reads] in windows.py); workers and ranks share their reads through the page cache.
+        alone = shuffle == "block" and one_reader and world_size == 1
+        windows = dataset.read_windows(sampler.order) if alone else None
+        sampler.readahead = ReadAhead(dataset, sampler.order, rank, world_size, windows=windows)
     return sampler
 
 

@@ -257,11 +257,14 @@ class ReadAhead:
         order: the EpochOrder the batches come from.
         rank: this rank; world_size: ranks sharing each global batch.
         lookahead: steps hinted ahead of the one being read ("uniform").
+        windows: for "block", the dataset's WindowReads (``read_windows``), told which windows to read
+            instead of hints; None: hints.
     """
 
-    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD):
+    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD, windows=None):
         self.dataset, self.order, self.rank, self.world_size = dataset, order, rank, world_size
         self.lookahead = lookahead
+        self.windows = windows  # a WindowReads: "block" windows read whole, not hinted (NOTE [window reads])
         self.mode = order.shuffle
         dataset.advise("normal" if self.mode == "none" else "random")
         self._drop = self.mode == "block" and choose_shuffle(dataset)[0] == "block"  # windows read: reclaim at once
@@ -330,6 +333,8 @@ class ReadAhead:
     # overlapped with the copy; without the cgroup's limit the same epoch ran
     # at 37,600 img/s, the sequential rate, CPU-bound. done_with acts on the
     # pages this process mapped: a worker's reads are not reclaimed early.
+    # One process reading alone reads its windows whole instead, with no
+    # map and no hints (NOTE [window reads] in windows.py).
     def _hint_windows(self, step):
         """Hint the window of ``step`` whole when an epoch starts there, and the next one a share per step.
 
@@ -341,6 +346,11 @@ class ReadAhead:
             return
         order = self.order
         window = order.window_of(self._epoch, start)
+        if window != self._window and self.windows is not None:  # this window and the next, read whole
+            last = (window + 1) * order.window >= order.num_blocks
+            self.windows.want([(self._epoch, window), (self._epoch + last, 0 if last else window + 1)])
+            self._window = window
+            return
         if window != self._window:
             if self._window is None:  # an epoch starts here: its current window too, at once
                 self._hints.submit(self.dataset.will_need, order.window_ranges(self._epoch, window))

@@ -94,6 +94,7 @@ class ShardStore:
         self._cached = {}  # "labels", "lengths": int64 [N] over all shards, made on first ask
         self._advice = None  # the access pattern set on every shard's sample column as it opens; see readahead.py
         self._stitch = _stitched_rows(index)  # see NOTE [stitched rows] in stitch.py
+        self.windows = None  # a WindowReads that batches are taken from where it holds them (windows.py)
         self._reset()
 
     @classmethod
@@ -131,6 +132,8 @@ class ShardStore:
 
     def parts(self, indices):
         """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard."""
+        if self.windows is not None and (parts := self.windows.parts(indices)) is not None:
+            return parts  # see NOTE [window reads] in windows.py
         if self.index.num_shards == 1:
             return Parts([self._only()], indices, [0, len(indices)], self._paths)
         if not len(indices):
@@ -184,10 +187,13 @@ class ShardStore:
             self._used[shards] = self._batches
             labels = self._label_bases[shards] + (indices - self.index.starts[shards]) * 8
         return Parts.of_stitched_rows(stitch.view, stitch.rows(shards, indices), labels,
-                                      partial(self._expand, shards, indices), stitch.release)
+                                      partial(self.expand_parts, shards, indices), stitch.release)
 
-    def _expand(self, shards, indices):
-        """Return the columns, rows, bounds and paths of a steady batch's parts (its slots are leased)."""
+    def expand_parts(self, shards, indices):
+        """Return the columns, rows, bounds and paths of the parts of a batch read in one take (Parts.of_stitched_rows).
+
+        ``shards`` and ``indices`` are the batch's (int64 ``[B]``); a steady batch's slots are leased.
+        """
         numbers, bounds, rows = self._runs(shards, indices)
         columns, _, _ = self._columns_and_label_bases(numbers)
         return columns, rows, bounds, [self._paths[number] for number in numbers.tolist()]
@@ -376,12 +382,28 @@ class ShardStore:
             + advice
         )
 
+    def column_offsets(self, shard):
+        """Return ``(samples, labels)``: the byte offsets of ``shard``'s sample and label columns in its file.
+
+        The shard is opened (and checked) first. Only for files whose columns are memory maps (HDF5).
+        """
+        self.columns([shard])
+        columns, _ = self._read(self._path(shard), check=False)
+        return int(columns.samples.offset), int(columns.labels.offset)
+
+    def check_unchanged(self, shard, stat):
+        """Raise FormatError unless ``stat`` (an ``os.stat_result`` of ``shard``'s file) is the fingerprint checked."""
+        self._compare_fingerprint(shard, (stat.st_size, stat.st_mtime_ns, stat.st_ino))
+
     def _check_unchanged(self, shard):
         """Raise FormatError if ``shard`` is not the file it was when first checked (see NOTE [fingerprint])."""
         try:
             now = self._stat(self._path(shard))
         except FileNotFoundError:
             now = None
+        self._compare_fingerprint(shard, now)
+
+    def _compare_fingerprint(self, shard, now):
         before = self._fingerprints[shard]
         if now != before:
             raise FormatError(
@@ -463,7 +485,7 @@ class ShardStore:
 
     def __getstate__(self):
         state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,
-                 "_pid": None, "_cached": {}, "_local": None}
+                 "_pid": None, "_cached": {}, "_local": None, "windows": None}
         if self.cache is not None:  # another process's copies may be other files: see NOTE [cached shards]
             state["_fingerprints"] = {}
         return state

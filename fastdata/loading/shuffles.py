@@ -12,7 +12,8 @@ CACHE_SHARE = 0.8  # the share of available memory a dataset may fill and still 
 # read is one sorted run of at least 64 pages, and a batch draws from 1,024
 # blocks, which kept >= 90% of a uniform shuffle's classes per batch on 100
 # classes (tests/loading/test_order.py). ReadAhead keeps the current window
-# and the next in the page cache: 2 x 256 MiB. Measured as in NOTE [read
+# and the next in the page cache, or a process reading alone in two slots
+# of its memory (NOTE [window reads] in windows.py): 2 x 256 MiB. Measured as in NOTE [read
 # ahead] (4.9 GB in a 1.5 GB cgroup): blocks of 64 KiB 14,800 img/s, 1.11x;
 # 256 KiB 16,100 img/s, 1.10x; 1 MiB 3,400-3,800 img/s, 2.8-2.9x (windows of
 # 1 GiB: two do not fit in the cache, hinted pages are evicted unread). The

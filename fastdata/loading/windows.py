@@ -1,0 +1,445 @@
+"""A block order's windows read whole into this process's memory with direct I/O, and batches taken from there.
+
+NOTE [window reads]: a block shuffle from data bigger than the page cache
+read through the memory map (MADV_WILLNEED on each window, PAGEOUT after,
+NOTE [window hints] in readahead.py) paid the kernel per page: inserting
+each page in the cache, mapping it at the fault, unmapping and reclaiming
+it, 11-12 s of system time in a 17 s read, and reached 0.69-0.74 of the
+disk's sequential rate once the disk gave 1.5 GB/s. A window is instead
+read with O_DIRECT preads straight into one of two slots of an anonymous
+buffer, the next window while batches are taken from the current one, and
+a batch is one take of its rows from the slots' single row view. Measured
+on 64 px raw (175 shards, 6.1 GB, windows of 1,024 blocks of 21 samples)
+in a 1.5 GB memory cgroup, 15 s each, in turn: the sequential read of the
+files 118,000-125,000 img/s; make_loader through the map with hints
+83,055; prototypes of this module (/tmp scripts): buffered preads of the
+sorted blocks on 4-32 threads 58,500-67,300 img/s (9-10 s of system time;
+the kernel's page cache work again), O_DIRECT with a task per block
+94,300-95,600 (3.2 s of system time), O_DIRECT with a task per shard that
+reads its blocks of the window in file order 126,413 (one stream per
+shard suits this virtual disk); then make_loader with this module 126,962
+img/s between sequential reads of 122,866 and 123,969 (1.03x; 9.2 s user,
+7.0 s system), read amplification 1.05 (the window read ahead when the
+run stops, alignment). The order is the same, so every batch holds the
+same samples either way.
+
+Direct I/O wants the file offset, the length and the memory address
+aligned (the device's logical block, probed: 512 or 4,096 bytes). Each
+run of rows is read from the aligned offset below it into an aligned
+place chosen so that its first row lands on a row of the view (a
+solution of two congruences, found per run): the rows need no second
+copy, at the cost of a few unused rows per run, bounded by
+``MAX_SLACK``. Reads past the data (the alignment's tail) stop at the
+end of the file.
+
+This takes only what one process reads alone: with workers or several
+ranks on a machine, each would read every window whole, where the page
+cache shares one read (so those keep the hints), and only HDF5 files of
+fixed-size rows (raw images), whose columns are plain byte ranges of the
+file. Before its reads, every shard is compared with the fingerprint
+taken when the store checked it (NOTE [shard fingerprint] in shards.py),
+through the descriptor it is read from.
+"""
+
+import mmap
+import os
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import numpy as np
+
+from fastdata.errors import FormatError
+from fastdata.loading.decoders import Parts
+
+ALIGNMENTS = (512, 4096)  # direct I/O alignments tried, least first; see NOTE [window reads]
+READ_THREADS = 32  # shards of a window read at once
+SLOTS = 2  # windows held: the one read from and the next
+MAX_SLACK = 1.0  # the most unused view rows of a slot, as a share of a window's rows (never read into)
+
+
+class WindowReads:
+    """Read the windows of a block order whole (direct I/O, on threads) and serve the batches that lie in them.
+
+    Made by ``of``, or None where the dataset cannot be read this way; the
+    ReadAhead of the order calls ``want`` as the order enters a window, and
+    the dataset's store asks ``parts`` for each batch (see NOTE [window reads]).
+    Slots, views and threads are made in each process on first use.
+
+    Args:
+        store: the dataset's ShardStore.
+        order: the EpochOrder (``shuffle="block"``).
+        alignment: the direct I/O alignment of the files, in bytes.
+    """
+
+    def __init__(self, store, order, alignment):
+        metadata = store.index.metadata
+        self.store, self.order, self.alignment = store, order, alignment
+        self.row_shape, self.dtype = tuple(metadata["sample_shape"]), np.dtype(metadata["sample_dtype"])
+        self.row_bytes = int(np.prod(self.row_shape)) * self.dtype.itemsize
+        self._offsets = {}  # shard -> (sample column offset, label column offset) in its file
+        self.slot_rows = order.window * order.block_size + self._max_runs() * self._run_slack() + 1
+        self._pid = None
+
+    def _max_runs(self):
+        """The most runs of rows in one shard a window can hold: its blocks, cut at the shards' starts."""
+        index, order = self.store.index, self.order
+        cuts = -(-(order.block_size - 1) // max(int(np.diff(index.starts).min()), 1))  # shard starts inside a block
+        return order.window + min(index.num_shards - 1, order.window * cuts)
+
+    def _run_slack(self):
+        """The most view rows a run leaves unused: its placement's congruence, its read's head and tail."""
+        period = self.alignment // int(np.gcd(self.row_bytes, self.alignment))  # placements repeat every this many rows
+        return period - 1 + -(-2 * self.alignment // self.row_bytes)
+
+    @classmethod
+    def of(cls, store, order):
+        """Return the WindowReads of a local ``store`` of HDF5 shards under ``order``, or None where it cannot be.
+
+        None for an order that is not "block", a disk without direct I/O, or
+        rows whose aligned places would take over MAX_SLACK unused rows.
+        """
+        if order.shuffle != "block" or store.cache is not None or not hasattr(os, "O_DIRECT"):
+            return None
+        alignment = direct_alignment(store.index.path(0))
+        if alignment is None:
+            return None
+        reads = cls(store, order, alignment)
+        if reads.slot_rows > (1 + MAX_SLACK) * order.window * order.block_size + 1:
+            return None
+        return reads
+
+    def want(self, keys):
+        """Keep the windows ``keys`` (``(epoch, window)``, the one read now first) and read those not read yet.
+
+        Windows not in ``keys`` are let go: their slots are reused once no batch reads them.
+        """
+        if self._pid != os.getpid():
+            self._start()
+        self._slots.want(keys)
+        while (placement := self._slots.next_placement(wait=False)) is not None:  # here, where a slot is free
+            self._place(*placement)
+
+    def parts(self, indices):
+        """Return the Parts of global ``indices`` (int64, checked) from the windows read, or None where not all are.
+
+        Waits for the reads of the windows they lie in; raises what failed there.
+        """
+        if self._pid != os.getpid() or not len(indices):
+            return None
+        rows, used = self._slots.lease(indices)
+        if rows is None:
+            return None
+        try:
+            for window in used:
+                window.done.wait()
+                if window.error is not None:
+                    raise window.error
+        except BaseException:
+            self._slots.release(used)
+            raise
+        return Parts.of_stitched_rows(self.view, rows, self._label_base + rows * 8,
+                                      partial(self.store.expand_parts, self.store.index.shard_of(indices), indices),
+                                      partial(self._slots.release, used))
+
+    def _start(self):
+        """Make this process's slots, views and threads (a forked child makes its own)."""
+        self._pid = os.getpid()
+        rows = SLOTS * self.slot_rows + 1
+        self._memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment,  # page-aligned; pages made as read
+                                 flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._base = self._column_offsets(0)[0] % int(np.gcd(self.row_bytes, self.alignment))  # view row 0's byte
+        self.view = np.ndarray((rows, *self.row_shape), self.dtype, buffer=self._memory, offset=self._base)
+        self.labels = np.zeros(rows, np.int64)
+        self._label_base = self.labels.ctypes.data
+        self._slots = _Slots()
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-window")
+        threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
+                         name="fastdata-windows").start()
+        weakref.finalize(self, _stop, self._slots, self._pool)
+
+    def _column_offsets(self, shard):
+        """Return ``(samples, labels)``: where ``shard``'s columns start in its file (the shard checked first)."""
+        if shard not in self._offsets:
+            self._offsets[shard] = self.store.column_offsets(shard)
+        return self._offsets[shard]
+
+    def _place(self, slot, key):
+        """Lay out window ``key`` (``(epoch, window)``) in ``slot`` and queue its reads, a task per shard."""
+        window = _Window(key)
+        try:
+            window.set_runs(self._lay_out(self._runs(self.order.window_ranges(*key)), slot))
+        except Exception as exc:  # held no sample: its batches are read from the files, and meet the problem there
+            window.fail(exc)
+        self._slots.put(slot, window)
+        shards = window.runs["shard"]
+        groups = np.split(np.arange(len(shards)), np.flatnonzero(np.diff(shards)) + 1) if len(shards) else []
+        window.expect(len(groups))
+        for group in groups:
+            self._pool.submit(self._read_shard, window, group)
+
+    def _runs(self, ranges):
+        """Return int64 ``[K, 3]`` (shard, start, stop) of sorted sample ``ranges``, cut at shard starts, merged."""
+        starts = self.store.index.starts
+        first, last = self.store.index.shard_of(ranges[:, 0]), self.store.index.shard_of(ranges[:, 1] - 1)
+        runs = []
+        for (start, stop), a, b in zip(ranges.tolist(), first.tolist(), last.tolist()):
+            for shard in range(a, b + 1):
+                piece = [shard, max(start, int(starts[shard])), min(stop, int(starts[shard + 1]))]
+                if runs and runs[-1][0] == shard and runs[-1][2] == piece[1]:
+                    runs[-1][2] = piece[2]
+                else:
+                    runs.append(piece)
+        return runs
+
+    def _lay_out(self, runs, slot):
+        """Return the _RUN records of ``runs`` (shard, start, stop): what each reads, and where, in ``slot``."""
+        starts = self.store.index.starts
+        runs = np.array(runs, np.int64).reshape(-1, 3)
+        offsets = np.array([self._column_offsets(shard) for shard in runs[:, 0].tolist()], np.int64).reshape(-1, 2)
+        first = runs[:, 1] - starts[runs[:, 0]]  # each run's first row in its shard
+        out = np.zeros(len(runs), _RUN)
+        out["shard"], out["start"], out["stop"] = runs.T
+        out["file_offset"], out["length"], out["place"], out["row"] = place_runs(
+            offsets[:, 0] + first * self.row_bytes, runs[:, 2] - runs[:, 1], self.row_bytes, self.alignment,
+            self._base, slot * self.slot_rows)
+        out["labels_at"] = offsets[:, 1] + first * 8
+        limit = self._base + (slot + 1) * self.slot_rows * self.row_bytes
+        if len(runs) and out["place"][-1] + out["length"][-1] > limit:  # the slack bound of __init__ is wrong
+            raise RuntimeError(f"a window of {len(runs)} runs does not fit its slot of {self.slot_rows} rows")
+        return out
+
+    def _read_shard(self, window, group):
+        """Read the runs ``group`` of ``window`` (one shard's, in file order) into their places; record a failure."""
+        try:
+            runs = window.runs[group]
+            shard = int(runs["shard"][0])
+            path = self.store.index.path(shard)
+            direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            plain = None
+            try:
+                plain = os.open(path, os.O_RDONLY)
+                self.store.check_unchanged(shard, os.fstat(direct))
+                self.store.check_unchanged(shard, os.fstat(plain))
+                memory = np.frombuffer(self._memory, np.uint8)
+                for run in runs.tolist():
+                    self._read_run(path, direct, plain, memory, *run[1:])
+            finally:
+                os.close(direct)
+                if plain is not None:
+                    os.close(plain)
+        except BaseException as exc:
+            window.fail(exc)
+        finally:
+            if window.finish_one():  # its slot may be free now
+                self._slots.notify()
+
+    def _read_run(self, path, direct, plain, memory, start, stop, row, file_offset, length, place, labels_at):
+        """Read one run's samples (``direct``) and labels (``plain``) into the view and labels of this process."""
+        got = os.preadv(direct, [memory[place:place + length]], file_offset)
+        needed = self._base + row * self.row_bytes - place + (stop - start) * self.row_bytes
+        labels = os.pread(plain, (stop - start) * 8, labels_at)
+        if got < needed or len(labels) < (stop - start) * 8:
+            raise FormatError(f"{path!r} ended before samples {start}..{stop} were read: the file was cut short "
+                              "while it was read. Open the dataset again, or convert its source again.")
+        self.labels[row:row + stop - start] = np.frombuffer(labels, np.int64)
+
+    def __getstate__(self):  # another process makes its own slots and threads
+        keep = ("store", "order", "alignment", "row_shape", "dtype", "row_bytes", "_offsets", "slot_rows")
+        return {**{key: self.__dict__[key] for key in keep}, "_pid": None}
+
+
+_RUN = np.dtype([("shard", np.int64), ("start", np.int64), ("stop", np.int64), ("row", np.int64),
+                 ("file_offset", np.int64), ("length", np.int64), ("place", np.int64), ("labels_at", np.int64)])
+
+
+class _Window:
+    """One window being read into a slot: its runs (_RUN), reads outstanding, first failure, batches reading it."""
+
+    def __init__(self, key):
+        self.key, self.error, self.leases, self._pending, self.placed = key, None, 0, 0, False
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+        self.set_runs(np.zeros(0, _RUN))  # none yet: it holds no sample until laid out
+
+    def set_runs(self, runs):
+        self.runs = runs
+        self._starts, self._stops, self._rows = (np.ascontiguousarray(runs[name]) for name in ("start", "stop", "row"))
+
+    def rows(self, indices):
+        """Return int64 view rows of global ``indices`` read by this window, -1 for those it does not hold."""
+        if not len(self._starts):
+            return np.full(len(indices), -1, np.int64)
+        run = np.searchsorted(self._starts, indices, side="right") - 1
+        inside = run >= 0
+        run = np.maximum(run, 0)
+        inside &= indices < self._stops[run]
+        return np.where(inside, self._rows[run] + indices - self._starts[run], -1)
+
+    def expect(self, tasks):
+        self._pending = tasks
+        if not tasks:
+            self.done.set()
+
+    def fail(self, exc):
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+
+    def finish_one(self):
+        """Count one read task done; return whether it was the last."""
+        with self._lock:
+            self._pending -= 1
+            if not self._pending:
+                self.done.set()
+            return not self._pending
+
+
+class _Slots:
+    """The windows held in each slot, those wanted and those waiting for a slot, under one condition."""
+
+    def __init__(self):
+        self.windows = [None] * SLOTS
+        self.wanted, self.queue, self.stopped = [], [], False
+        self.condition = threading.Condition()
+
+    def want(self, keys):
+        with self.condition:
+            self.wanted = list(keys)
+            held = {window.key for window in self.windows if window is not None}
+            self.queue = [key for key in self.wanted if key not in held]
+            self.condition.notify_all()
+
+    def next_placement(self, wait=True):
+        """Return ``(slot, key)``: a wanted window and a free slot, waiting for both unless not ``wait``.
+
+        None once stopped, or where nothing can be placed now and not ``wait``.
+        """
+        with self.condition:
+            while not self.stopped:
+                free = [slot for slot, window in enumerate(self.windows)  # no batch, and no read, in it
+                        if window is None or (window.key not in self.wanted and not window.leases
+                                              and window.done.is_set())]
+                if self.queue and free:
+                    self.windows[free[0]] = _Window(self.queue[0])  # taken: being placed
+                    return free[0], self.queue.pop(0)
+                if not wait:
+                    return None
+                self.condition.wait()
+            return None
+
+    def put(self, slot, window):
+        """Hold ``window``, laid out, in ``slot`` (taken by next_placement)."""
+        with self.condition:
+            window.placed = True
+            self.windows[slot] = window
+            self.condition.notify_all()
+
+    def lease(self, indices):
+        """Return ``(view rows of indices, the windows they lie in)`` leased, or ``(None, [])`` where not all are.
+
+        Waits for a window being laid out (that never waits for a slot) before it answers.
+        """
+        with self.condition:
+            while True:
+                rows, used = np.full(len(indices), -1, np.int64), []
+                for window in self.windows:
+                    if window is None:
+                        continue
+                    found = window.rows(indices)
+                    if (found >= 0).any():
+                        rows = np.where(found >= 0, found, rows)
+                        used.append(window)
+                if not (rows < 0).any():
+                    for window in used:
+                        window.leases += 1
+                    return rows, used
+                if self.stopped or all(window is None or window.placed for window in self.windows):
+                    return None, []
+                self.condition.wait()
+
+    def release(self, windows):
+        with self.condition:
+            for window in windows:
+                window.leases -= 1
+            self.condition.notify_all()
+
+    def notify(self):
+        with self.condition:
+            self.condition.notify_all()
+
+    def stop(self):
+        with self.condition:
+            self.stopped = True
+            self.condition.notify_all()
+
+
+def _place_windows(slots, reads):
+    """The placing thread: give each wanted window a free slot and queue its reads, until stopped.
+
+    Holds its WindowReads (``reads``, a weak reference) only while placing, so that the reads can be collected.
+    """
+    while (placement := slots.next_placement()) is not None:
+        owner = reads()
+        if owner is None:
+            return
+        owner._place(*placement)
+        del owner
+
+
+def _stop(slots, pool):
+    slots.stop()
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def place_runs(offsets, counts, row_bytes, alignment, base, first_row):
+    """Return ``(read offsets, read lengths, places, rows)``, int64 ``[K]`` each, of runs of rows read in turn.
+
+    Run ``k`` holds ``counts[k]`` rows of ``row_bytes`` at byte ``offsets[k]``
+    of its file. It is read from the ``alignment``-aligned offset at or below
+    it, for a whole number of aligned blocks, into the memory bytes
+    ``[place, place + length)``: aligned, after the run before it, and such
+    that its first row lands on view row ``rows[k]``, the view's row 0 being
+    memory byte ``base`` and the first row free ``first_row``. Such a place
+    recurs every ``alignment / gcd(row_bytes, alignment)`` rows; the first
+    one is taken (see NOTE [window reads]). Rows land on the view's rows
+    only where every offset is ``base`` modulo ``gcd(row_bytes, alignment)``;
+    raises ValueError otherwise.
+    """
+    step = int(np.gcd(row_bytes, alignment))
+    period = alignment // step
+    inverse = pow(row_bytes // step, -1, period) if period > 1 else 0
+    heads = np.asarray(offsets, np.int64) % alignment
+    if ((heads - base) % step).any():
+        raise ValueError(f"runs at offsets {np.asarray(offsets)[(heads - base) % step != 0][:3].tolist()} cannot land "
+                         f"on rows of a view at byte {base} (modulo {step})")
+    reads = np.asarray(offsets, np.int64) - heads
+    lengths = -(-(heads + np.asarray(counts, np.int64) * row_bytes) // alignment) * alignment
+    places, rows = np.zeros(len(heads), np.int64), np.zeros(len(heads), np.int64)
+    end = base + first_row * row_bytes  # the first memory byte free
+    for k, (head, length) in enumerate(zip(heads.tolist(), lengths.tolist())):
+        least = -(-(end + head - base) // row_bytes)  # the first row whose place starts at or after ``end``
+        rows[k] = row = least + ((head - base) // step * inverse - least) % period  # base + row * size = head mod align
+        places[k] = place = base + row * row_bytes - head
+        end = place + length
+    return reads, lengths, places, rows
+
+
+def direct_alignment(path):
+    """Return the least alignment (bytes) at which the file at ``path`` reads with O_DIRECT, or None where none does."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (OSError, AttributeError):
+        return None
+    memory = mmap.mmap(-1, 2 * max(ALIGNMENTS))
+    try:
+        for align in ALIGNMENTS:
+            try:
+                os.preadv(fd, [memoryview(memory)[align:2 * align]], align)
+                return align
+            except OSError:
+                continue
+        return None
+    finally:
+        os.close(fd)

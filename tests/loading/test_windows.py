@@ -1,0 +1,207 @@
+"""Window reads: a block order's windows read whole with direct I/O give the same batches as the files, safely."""
+
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from support import wait_for
+
+from fastdata import convert_imagefolder, make_loader, open_dataset
+from fastdata.errors import FormatError
+from fastdata.loading.order import EpochOrder
+from fastdata.loading.readahead import ReadAhead
+from fastdata.loading.windows import MAX_SLACK, WindowReads, direct_alignment, place_runs
+from fastdata.measure.synthetic import make_imagefolder
+
+NUM_CLASSES, PER_CLASS = 5, 40  # 200 photos of varied sizes, modes and formats
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Return ``{size: raw HDF5 shard folder}`` of 200 varied photos at 32 px (rows of 3,072 bytes) and 40 px (4,800).
+
+    Shards of 16 rows at 32 px: blocks span shards. At 40 px, 60 rows: a row
+    of 4,800 bytes lands on a row of the view only every 8 rows (at 512-byte
+    alignment; NOTE [window reads]), so blocks are larger than that.
+    """
+    work = tmp_path_factory.mktemp("windows")
+    source = make_imagefolder(work / "photos", NUM_CLASSES, PER_CLASS, size=(60, 45), seed=3, vary=True)
+    out = {}
+    for size, shard_rows in ((32, 16), (40, 60)):
+        out[size] = work / f"raw-{size}"
+        convert_imagefolder(source, out[size], size=size, storage="raw", shard_size=shard_rows * 3 * size * size,
+                            workers=1, progress=False)
+    return out
+
+
+def reference(folder, indices):
+    """The batch read from the files (a dataset that reads no windows)."""
+    images, labels = open_dataset(folder).read_batch(indices)
+    return images.numpy(), labels.numpy()
+
+
+def block_order(dataset, batch, block_size, window, seed=0):
+    return EpochOrder(len(dataset), batch, shuffle="block", seed=seed, block_size=block_size, window=window)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.sampled_from([32, 40]), batch=st.integers(1, 40), block_size=st.integers(1, 40),
+       window=st.integers(1, 8), epoch=st.integers(0, 3), seed=st.integers(0, 2**16))
+@example(size=40, batch=16, block_size=30, window=4, epoch=1, seed=7)  # rows on the view's rows every 8 rows
+def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_come_from_them(
+        folders, size, batch, block_size, window, epoch, seed):
+    dataset = open_dataset(folders[size])
+    assert dataset.num_shards >= 4
+    order = block_order(dataset, batch, block_size, window, seed)
+    reads = dataset.read_windows(order)
+    if reads is None:  # only where the rows' places would leave more unused rows than MAX_SLACK allows
+        alignment = direct_alignment(dataset.shard_paths[0])
+        assert WindowReads(dataset._store, order, alignment).slot_rows > (1 + MAX_SLACK) * window * block_size + 1
+        assert size == 40 or alignment > 512
+        return
+    read_ahead = ReadAhead(dataset, order, windows=reads)
+    read_ahead.start(epoch, 0)
+    for step in range(order.num_steps):
+        read_ahead.advance(step)
+        start, stop = order.step_positions(step)
+        indices = order.batch(epoch, step)
+        first, last = order.window_of(epoch, start), order.window_of(epoch, stop - 1)
+        parts = reads.parts(indices)
+        assert (parts is not None) == (last <= first + 1)  # the windows wanted: this one and the next
+        if parts is not None:
+            parts.release()
+        images, labels = dataset.read_batch(indices)
+        expected = reference(folders[size], indices)
+        assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1]), step
+
+
+def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders, monkeypatch):
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
+    assert isinstance(loader.sampler.readahead.windows, WindowReads)
+    for epoch in range(2):
+        seen, batches = [], list(loader.sampler.batches(epoch))
+        for (images, labels), indices in zip(loader, batches, strict=True):
+            expected = reference(folder, indices)
+            assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
+            seen.extend(indices.tolist())
+        assert sorted(seen) == list(range(len(dataset)))
+    batches = iter(loader)
+    kept = [next(batches) for _ in range(5)]
+    state = loader.state_dict()
+    rest = [batch for batch in batches]
+    resumed = make_loader(open_dataset(folder), 16, shuffle=True, block_size=6, window=5, seed=4)
+    resumed.load_state_dict(state)
+    again = list(resumed)
+    assert len(kept) + len(again) == len(loader) and len(again) == len(rest)
+    assert all(a.equal(b) for x, y in zip(again, rest) for a, b in zip(x, y))
+
+
+def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders, monkeypatch):
+    # The loader and a second walk of its sampler (batches() moves the same ReadAhead) want windows in turn,
+    # letting each go while it is still being read: a slot reused then took a late label write (a bug, found so).
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
+    for epoch in range(3):
+        for (images, labels), indices in zip(loader, loader.sampler.batches(epoch), strict=True):
+            expected = reference(folder, indices)
+            assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
+
+
+def test_workers_ranks_and_a_uniform_order_keep_the_hints(folders, monkeypatch):
+    dataset = open_dataset(folders[32])
+    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    for options in ({"num_workers": 1}, {"rank": 0, "world_size": 2}, {"shuffle": "uniform"}):
+        loader = make_loader(dataset, 8, **{"shuffle": True, **options})
+        assert loader.sampler.readahead.windows is None, options
+    make_loader(dataset, 8, shuffle=True)
+    assert dataset._store.windows is not None
+    assert pickle.loads(pickle.dumps(dataset))._store.windows is None  # a worker reads its files, not our windows
+
+
+def test_a_slot_is_read_again_only_once_no_batch_reads_it(folders):
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    order = block_order(dataset, 8, 4, 3)  # windows of 12 samples
+    reads = dataset.read_windows(order)
+    reads.want([(0, 0), (0, 1)])
+    held_indices = np.sort(order.samples(0, np.arange(0, 8)))
+    held = reads.parts(held_indices)  # window 0, leased
+    assert held is not None
+    reads.want([(0, 1), (0, 2)])  # window 2 waits for window 0's slot
+    time.sleep(0.3)
+    later = np.sort(order.samples(0, np.arange(24, 32)))  # window 2
+    assert reads.parts(later) is None
+    view, rows = held.stitched
+    assert np.array_equal(view[rows], reference(folder, held_indices)[0])  # not overwritten
+    held.release()
+    wait_for(lambda: _taken(reads, later), "window 2 to be read", seconds=10)
+    images, labels = dataset.read_batch(later)
+    assert np.array_equal(images.numpy(), reference(folder, later)[0])
+
+
+def _taken(reads, indices):
+    parts = reads.parts(indices)
+    if parts is None:
+        return False
+    parts.release()
+    return True
+
+
+def test_a_shard_changed_after_it_was_checked_is_reported_by_the_batch_that_reads_it(folders, shard_copy):
+    folder = shard_copy(folders[32])
+    dataset = open_dataset(folder)
+    dataset.read_batch(np.arange(len(dataset)))  # every shard opened and checked
+    order = block_order(dataset, 8, 4, 1000)  # one window: every sample
+    reads = dataset.read_windows(order)
+    victim = dataset.shard_paths[3]
+    os.utime(victim, ns=(time.time_ns(), time.time_ns() + 10**9))
+    reads.want([(0, 0)])
+    with pytest.raises(FormatError, match="was modified.*must not change while it is read"):
+        dataset.read_batch(np.arange(len(dataset)))
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) // 2)
+    reads.want([(1, 0)])
+    with pytest.raises(FormatError, match=f"{os.path.basename(victim)}.*changed size"):
+        dataset.read_batch(np.arange(len(dataset)))
+
+
+@pytest.mark.parametrize("container, storage", [("arrow", "raw"), ("hdf5", "jpeg")])
+def test_arrow_and_jpeg_shards_keep_the_hints(shard_converted, monkeypatch, container, storage):
+    dataset = open_dataset(shard_converted(container, storage))
+    assert dataset.read_windows(block_order(dataset, 8, 4, 3)) is None and dataset._store.windows is None
+    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 8, shuffle=True)
+    assert loader.sampler.shuffle == "block" and loader.sampler.readahead.windows is None
+    assert sorted(i for _, labels in loader for i in labels.tolist()) == sorted(dataset.labels.tolist())
+
+
+@given(data=st.data(), row_bytes=st.integers(1, 20000), alignment=st.sampled_from([512, 4096]),
+       first_row=st.integers(0, 50))
+def test_placed_runs_are_aligned_apart_and_put_each_first_row_on_a_row(data, row_bytes, alignment, first_row):
+    step = int(np.gcd(row_bytes, alignment))
+    base = data.draw(st.integers(0, step - 1))
+    counts = np.array(data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=20)), np.int64)
+    offsets = np.array([base + step * data.draw(st.integers(0, 10**7)) for _ in counts], np.int64)
+    reads, lengths, places, rows = place_runs(offsets, counts, row_bytes, alignment, base, first_row)
+    assert not (reads % alignment).any() and not (lengths % alignment).any() and not (places % alignment).any()
+    assert (reads <= offsets).all() and (reads + lengths >= offsets + counts * row_bytes).all()  # covers its run
+    assert (lengths < offsets - reads + counts * row_bytes + alignment).all()  # no aligned block more than needed
+    assert np.array_equal(places + (offsets - reads), base + rows * row_bytes)  # the first row lands on a row
+    assert places[0] >= base + first_row * row_bytes and (places[1:] >= (places + lengths)[:-1]).all()  # apart
+    period = alignment // step
+    gaps = np.diff(np.concatenate(([first_row], rows))) - np.concatenate(([0], counts[:-1]))
+    assert (gaps <= period - 1 + -(-2 * alignment // row_bytes)).all()  # WindowReads' slack per run
+
+
+def test_placing_a_run_off_the_views_rows_is_refused():
+    with pytest.raises(ValueError, match="cannot land on rows"):
+        place_runs(np.array([1000, 1001]), np.array([2, 2]), 1024, 512, 1000 % 512, 0)
