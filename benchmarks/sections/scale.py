@@ -344,6 +344,8 @@ def measure_loader(args):
     close_loader(loader)
     sample_bytes = count * args["sample_bytes"]
     order = loader.sampler.describe() if hasattr(loader.sampler, "describe") else None
+    if order is not None and loader.sampler.readahead is not None:  # see NOTE [window reads] in windows.py
+        order["windows_read_whole"] = getattr(loader.sampler.readahead, "windows", None) is not None
     return {"drop": drop, "samples": count, "seconds": seconds, "end_to_end_samples_per_s": count / seconds,
             "samples_per_s": (count - first_count) / (seconds - first) if count > first_count else count / seconds,
             "first_batch_seconds": first, "disk_bytes": disk, "process_bytes": process,
@@ -642,8 +644,11 @@ CACHE_NOTE = (
     "make_loader's default) over the bytes of the samples delivered (file bytes per sample); in brackets "
     "the same from /proc/diskstats, the whole device, other processes' reads included. "
     "Resident after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
-    "memory.max_usage_in_bytes. The 224 px jpeg rows are compared with the same loader over the same files, "
-    "read whole into the page cache first, outside the cgroup (NOTE [cached baseline]).")
+    "memory.max_usage_in_bytes. Block order: a window of raw rows is read whole with O_DIRECT into the "
+    "loader's memory, a task per shard, the next while batches are taken from the current one (NOTE [window "
+    "reads] in fastdata/loading/windows.py); jpeg rows through the memory map with kernel hints (NOTE [window "
+    "hints] in fastdata/loading/readahead.py). The 224 px jpeg rows are compared with the same loader over the "
+    "same files, read whole into the page cache first, outside the cgroup (NOTE [cached baseline]).")
 DDP_NOTE = (
     "DDP: torch.multiprocessing spawn, gloo on 127.0.0.1, global batch {batch} (batch_size {batch} / world "
     "size), shuffle='uniform', remainder='pad', {epochs} epochs over the 64 px raw base dataset (a prime "
@@ -691,7 +696,8 @@ def cache_table(data):
 def _order_text(order):
     if not order or order["shuffle"] != "block":
         return "-"
-    return f"blocks of {order['block_size']} samples, windows of {order['window']} blocks"
+    how = "read whole (O_DIRECT)" if order.get("windows_read_whole") else "kernel hints"
+    return f"blocks of {order['block_size']} samples, windows of {order['window']} blocks, {how}"
 
 
 def ddp_table(rows):
