@@ -103,6 +103,22 @@ def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders
     assert all(a.equal(b) for x, y in zip(again, rest) for a, b in zip(x, y))
 
 
+def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
+    path = packed_files("hdf5", "raw")
+    dataset = open_dataset(path)
+    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 5, shuffle=True, block_size=2, window=4, seed=1)
+    reads = loader.sampler.readahead.windows
+    assert isinstance(reads, WindowReads) and dataset.num_shards == 1
+    batches = list(loader.sampler.batches(0))
+    for (images, labels), indices in zip(loader, batches, strict=True):
+        expected = reference(path, indices)
+        assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
+    order = loader.sampler.order
+    last = order.window_ranges(0, order.window_of(0, order.epoch_length - 1))
+    assert _taken(reads, np.concatenate([np.arange(a, b) for a, b in last]))  # held: read from its slot
+
+
 def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders, monkeypatch):
     # The loader and a second walk of its sampler (batches() moves the same ReadAhead) want windows in turn,
     # letting each go while it is still being read: a slot reused then took a late label write (a bug, found so).
