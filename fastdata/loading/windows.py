@@ -56,7 +56,7 @@ from fastdata.loading.decoders import Parts
 ALIGNMENTS = (512, 4096)  # direct I/O alignments tried, least first; see NOTE [window reads]
 READ_THREADS = 32  # shards of a window read at once
 SLOTS = 2  # windows held: the one read from and the next
-MAX_SLACK = 1.0  # the most unused view rows of a slot, as a share of a window's rows (never read into)
+MAX_SLACK = 1.0  # the most unused view rows of a slot, as a share of a window's rows (address space only)
 
 
 class WindowReads:
@@ -83,7 +83,7 @@ class WindowReads:
         self._pid = None
 
     def _max_runs(self):
-        """The most runs of rows in one shard a window can hold: its blocks, cut at the shards' starts."""
+        """The most runs (rows of one shard) a window can hold: its blocks, cut at the shards' starts."""
         index, order = self.store.index, self.order
         cuts = -(-(order.block_size - 1) // max(int(np.diff(index.starts).min()), 1))  # shard starts inside a block
         return order.window + min(index.num_shards - 1, order.window * cuts)
@@ -113,7 +113,7 @@ class WindowReads:
     def want(self, keys):
         """Keep the windows ``keys`` (``(epoch, window)``, the one read now first) and read those not read yet.
 
-        Windows not in ``keys`` are let go: their slots are reused once no batch reads them.
+        Windows not in ``keys`` are let go: their slots are reused once no batch and no read is in them.
         """
         if self._pid != os.getpid():
             self._start()
