@@ -392,8 +392,11 @@ class ShardStore:
         return int(columns.samples.offset), int(columns.labels.offset)
 
     def check_unchanged(self, shard, stat):
-        """Raise FormatError unless ``stat`` (an ``os.stat_result`` of ``shard``'s file) is the fingerprint checked."""
-        self._compare_fingerprint(shard, (stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        """Raise FormatError unless ``stat`` of ``shard``'s file matches the fingerprint it was checked with.
+
+        ``stat``: an ``os.stat_result`` (of the descriptor the caller reads), or None where the file is gone.
+        """
+        self._compare_fingerprint(shard, None if stat is None else (stat.st_size, stat.st_mtime_ns, stat.st_ino))
 
     def _check_unchanged(self, shard):
         """Raise FormatError if ``shard`` is not the file it was when first checked (see NOTE [fingerprint])."""

@@ -216,7 +216,11 @@ class WindowReads:
             runs = window.runs[group]
             shard = int(runs["shard"][0])
             path = self.store.index.path(shard)
-            direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            try:
+                direct = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except FileNotFoundError:
+                self.store.check_unchanged(shard, None)  # raises: the shard was deleted
+                raise
             plain = None
             try:
                 plain = os.open(path, os.O_RDONLY)

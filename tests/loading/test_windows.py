@@ -188,6 +188,10 @@ def test_a_shard_changed_after_it_was_checked_is_reported_by_the_batch_that_read
     reads.want([(1, 0)])
     with pytest.raises(FormatError, match=f"{os.path.basename(victim)}.*changed size"):
         dataset.read_batch(np.arange(len(dataset)))
+    os.remove(victim)
+    reads.want([(2, 0)])
+    with pytest.raises(FormatError, match=f"{os.path.basename(victim)}.*was deleted"):
+        dataset.read_batch(np.arange(len(dataset)))
 
 
 @pytest.mark.parametrize("container, storage", [("arrow", "raw"), ("hdf5", "jpeg")])
