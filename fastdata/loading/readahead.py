@@ -347,8 +347,7 @@ class ReadAhead:
         order = self.order
         window = order.window_of(self._epoch, start)
         if window != self._window and self.windows is not None:  # this window and the next, read whole
-            last = (window + 1) * order.window >= order.num_blocks
-            self.windows.want([(self._epoch, window), (self._epoch + last, 0 if last else window + 1)])
+            self.windows.want([(self._epoch, window), self._window_after(window)])
             self._window = window
             return
         if window != self._window:
@@ -357,8 +356,7 @@ class ReadAhead:
             else:  # the rest of this window, hinted as the next one; the last one read
                 self._hints.submit(self.dataset.will_need, self._next[self._done:])
                 self._hints.submit(self.dataset.done_with, order.window_ranges(self._epoch, self._window), self._drop)
-            last = (window + 1) * order.window >= order.num_blocks  # then the next epoch's first window
-            self._next = order.window_ranges(self._epoch + last, 0 if last else window + 1)
+            self._next = order.window_ranges(*self._window_after(window))
             self._window, self._done = window, 0
         span = order.window * order.block_size
         progress = min(1.0, (start - self._window * span + (stop - start)) / span)  # of this window, after step
@@ -366,6 +364,11 @@ class ReadAhead:
         if due > self._done:
             self._hints.submit(self.dataset.will_need, self._next[self._done:due])
             self._done = due
+
+    def _window_after(self, window):
+        """Return ``(epoch, window)`` read after ``window`` of this epoch: the next, or the next epoch's first."""
+        last = (window + 1) * self.order.window >= self.order.num_blocks
+        return self._epoch + last, 0 if last else window + 1
 
     def __getstate__(self):
         return {**self.__dict__, "_hints": None if self._hints is None else _HintThread()}
