@@ -49,3 +49,7 @@ class MissingDependencyError(FastdataError, ImportError):
 
 class RemoteError(FastdataError, OSError):
     """A remote file (a URL) could not be read or written, after retrying what looked transient."""
+
+
+class FastPathWarning(UserWarning):
+    """A fast read path cannot apply to this data or system: batches are read a slower way (the message says why)."""

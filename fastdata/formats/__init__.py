@@ -3,14 +3,14 @@
 import os
 
 from fastdata.errors import FormatError
-from fastdata.formats.arrow import read_arrow, read_arrow_checksums, write_arrow
-from fastdata.formats.hdf5 import read_hdf5, read_hdf5_checksums, write_hdf5
+from fastdata.formats.arrow import arrow_column_offsets, read_arrow, read_arrow_checksums, write_arrow
+from fastdata.formats.hdf5 import hdf5_column_offsets, read_hdf5, read_hdf5_checksums, write_hdf5
 from fastdata.formats.layout import FORMAT_VERSION, Columns
 
 _FORMATS = {
-    ".h5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums),
-    ".hdf5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums),
-    ".arrow": ("arrow", write_arrow, read_arrow, read_arrow_checksums),
+    ".h5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums, hdf5_column_offsets),
+    ".hdf5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums, hdf5_column_offsets),
+    ".arrow": ("arrow", write_arrow, read_arrow, read_arrow_checksums, arrow_column_offsets),
 }
 
 
@@ -38,6 +38,11 @@ def read_checksums(path):
     return _lookup(path)[3](path)
 
 
+def column_offsets(path):
+    """Return ``(samples, labels)``: where the file's sample values and labels start, in bytes."""
+    return _lookup(path)[4](path)
+
+
 def _lookup(path):
     ext = os.path.splitext(os.fspath(path))[1].lower()
     if ext not in _FORMATS:
@@ -47,4 +52,4 @@ def _lookup(path):
     return _FORMATS[ext]
 
 
-__all__ = ["FORMAT_VERSION", "Columns", "format_of", "read_checksums", "read_packed", "write_packed"]
+__all__ = ["FORMAT_VERSION", "Columns", "column_offsets", "format_of", "read_checksums", "read_packed", "write_packed"]

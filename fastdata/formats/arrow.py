@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import (
+    COLUMN_ALIGNMENT,
     METADATA_KEY,
     Columns,
     check_columns,
@@ -23,6 +24,8 @@ from fastdata.formats.layout import (
 )
 
 _CHECKSUMS = METADATA_KEY + ".checksums."  # + column name: little-endian uint32 bytes (see NOTE [checksums])
+_PADDING = METADATA_KEY + ".padding"  # spaces that start the record batch's body on COLUMN_ALIGNMENT
+_MAGIC_BYTES = 8  # "ARROW1" and its padding, before the schema message
 
 
 def write_arrow(path, columns, metadata):
@@ -37,10 +40,44 @@ def write_arrow(path, columns, metadata):
     labels = pa.array(columns.labels)
     schema_metadata = {METADATA_KEY: encode_metadata(metadata, info)}
     schema_metadata.update({_CHECKSUMS + name: sums.astype("<u4").tobytes() for name, sums in checksums.items()})
-    schema = pa.schema([("sample", samples.type), ("label", pa.int64())], metadata=schema_metadata)
-    batch = pa.record_batch([samples, labels], schema=schema)
+    batch = _aligned_batch(samples, labels, schema_metadata)
+    schema = batch.schema
     with pa.OSFile(os.fspath(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
         writer.write_batch(batch)
+
+
+def _aligned_batch(samples, labels, schema_metadata):
+    """Return the record batch of ``samples`` and ``labels`` whose body (the samples first) starts aligned.
+
+    The body follows the magic, the schema message and the batch's own
+    message; the schema's padding entry grows the schema by the bytes
+    missing (multiples of 8, as Arrow keeps every offset). See NOTE
+    [aligned columns] in layout.py.
+    """
+    padding = b""
+    for _ in range(2):  # the second pass only confirms
+        schema = pa.schema([("sample", samples.type), ("label", pa.int64())],
+                           metadata={**schema_metadata, _PADDING: padding})
+        batch = pa.record_batch([samples, labels], schema=schema)
+        body = sum(-(-buffer.size // 8) * 8 for column in batch.columns for buffer in column.buffers()
+                   if buffer is not None)
+        start = _MAGIC_BYTES + len(schema.serialize()) + pa.ipc.get_record_batch_size(batch) - body
+        missing = -start % COLUMN_ALIGNMENT
+        if not missing or samples.nbytes < COLUMN_ALIGNMENT:
+            return batch
+        padding += b" " * missing
+    return batch
+
+
+def arrow_column_offsets(path):
+    """Return ``(samples, labels)``: the byte offsets of the values of the sample and label columns (0: empty)."""
+    with pa.memory_map(os.fspath(path), "r") as source:
+        whole = source.read_buffer()
+        batch = pa.ipc.open_file(whole).get_batch(0)
+        values = batch.column("sample").buffers()[-1]  # fixed size binary's values; ragged samples' too
+        labels = batch.column("label").buffers()[1]
+        return tuple(0 if buffer is None or not buffer.size else buffer.address - whole.address
+                     for buffer in (values, labels))
 
 
 def _sample_array(columns):

@@ -15,6 +15,7 @@ import numpy as np
 
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import (
+    COLUMN_ALIGNMENT,
     METADATA_KEY,
     Columns,
     check_columns,
@@ -39,7 +40,8 @@ def write_hdf5(path, columns, metadata):
     info, checksums = checksum_columns(columns)
     text = encode_metadata(metadata, info)
     _check_room(path, sum(a.nbytes for a in (*stored_columns(columns).values(), *checksums.values())) + len(text))
-    with h5py.File(path, "w", libver="earliest") as f:
+    with h5py.File(path, "w", libver="earliest",  # see NOTE [aligned columns]
+                   alignment_threshold=COLUMN_ALIGNMENT, alignment_interval=COLUMN_ALIGNMENT) as f:
         f.attrs[METADATA_KEY] = text
         for name, array in stored_columns(columns).items():
             _write_dataset(f, name, array)
@@ -118,6 +120,12 @@ def read_hdf5_checksums(path):
             return {} if group is None else {name: group[name][()] for name in group}
     except OSError as exc:
         raise FormatError(f"{path!r}: cannot read the stored checksums ({exc}); the file is damaged") from exc
+
+
+def hdf5_column_offsets(path):
+    """Return ``(samples, labels)``: the byte offsets of the file's sample and label columns."""
+    with h5py.File(os.fspath(path), "r") as f:
+        return int(f["samples"].id.get_offset() or 0), int(f["labels"].id.get_offset() or 0)
 
 
 def _dataset_layout(f, name, path):

@@ -47,6 +47,20 @@ _REQUIRED_KEYS = ("kind", "num_samples", "sample_shape", "sample_dtype")
 CHECKSUM_ALGORITHM = "crc32"
 CHECKSUM_CHUNK_BYTES = 256 << 10
 
+# NOTE [aligned columns]: the readers that reach the disk's rate lay a
+# folder's sample columns side by side, in address space (NOTE [stitched
+# rows] in loading/stitch.py, page maps) or in a buffer filled with direct
+# I/O (NOTE [window reads] in loading/windows.py, 512 or 4,096 byte
+# blocks), and both work in whole pages or blocks. Unaligned, a column's
+# offset followed the length of the headers before it: in a 64 px folder
+# written before the columns were aligned, shard 0's pixels began at byte
+# 15,488 and every other shard's at 15,496 (its metadata was longer), so
+# neither fast path could apply to every shard. Both containers now start
+# every column of COLUMN_ALIGNMENT bytes or more on a multiple of it (HDF5's
+# file alignment; Arrow's schema padded); the readers still place each
+# shard by its own offset, so older files and other writers' read too.
+COLUMN_ALIGNMENT = 4096
+
 
 @dataclass(frozen=True, eq=False)  # compared by identity: `None in opened` in shards.py is one C call per shard
 class Columns:

@@ -57,10 +57,11 @@ from functools import partial
 import numpy as np
 
 from fastdata.errors import FormatError, OptionError
-from fastdata.formats import Columns
+from fastdata.formats import Columns, column_offsets
 from fastdata.formats.shards import INDEX_NAME, ShardIndex, parse_column, read_index, shard_differences
 from fastdata.loading.decoders import Parts, label_bases
 from fastdata.loading.readahead import advise_column, column_spans, hint_spans
+from fastdata.loading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
 from fastdata.loading.stitch import StitchedRows
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
@@ -93,7 +94,8 @@ class ShardStore:
         self._fingerprints = {}  # shard -> fingerprint when checked, carried into workers
         self._cached = {}  # "labels", "lengths": int64 [N] over all shards, made on first ask
         self._advice = None  # the access pattern set on every shard's sample column as it opens; see readahead.py
-        self._stitch = _stitched_rows(index)  # see NOTE [stitched rows] in stitch.py
+        self.read_paths = ReadPaths()  # see NOTE [no silent fallbacks] in readpaths.py
+        self._stitch = _stitched_rows(index, self.read_paths)  # see NOTE [stitched rows] in stitch.py
         self.windows = None  # a WindowReads that batches are taken from where it holds them (windows.py)
         self._reset()
 
@@ -132,15 +134,25 @@ class ShardStore:
 
     def parts(self, indices):
         """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard."""
-        if self.windows is not None and (parts := self.windows.parts(indices)) is not None:
-            return parts  # see NOTE [window reads] in windows.py
+        if self.windows is not None:  # see NOTE [window reads] in windows.py
+            if (parts := self.windows.parts(indices)) is not None:
+                self.read_paths.count(WINDOWS)
+                return parts
+            self.read_paths.fall_back("window miss", (
+                f"a batch of {self.index.root!r} lies outside the block order's windows read whole (the one read now "
+                "and the next): it is read from the files, as is any other such batch (two loaders, or a loader "
+                "and a walk of its sampler, over one dataset at once do this)"))
         if self.index.num_shards == 1:
+            self.read_paths.count(ONE_FILE)
             return Parts([self._only()], indices, [0, len(indices)], self._paths)
         if not len(indices):
             return Parts([], indices, [0], [])
         shards = self.index.shard_of(indices)
         steady = self._steady_parts(shards, indices)
-        return self._parts(shards, indices) if steady is None else steady  # not `or`: a Parts' truth is its len
+        if steady is not None:  # not `or`: a Parts' truth is its len
+            self.read_paths.count(STITCHED)
+            return steady
+        return self._parts(shards, indices)
 
     def _parts(self, shards, indices):
         """Return the Parts of ``indices`` of ``shards``, opening and checking the shards as needed."""
@@ -150,6 +162,7 @@ class ShardStore:
         if self._stitch is not None:  # leased: no slot this batch reads is unmapped until it is released
             stitch = self._stitch
             parts.hold(stitch.release, (stitch.view, stitch.rows(shards, indices)) if stitched else None)
+        self.read_paths.count(STITCHED if stitched else BY_SHARD)
         return parts
 
     def _runs(self, shards, indices):
@@ -277,7 +290,8 @@ class ShardStore:
         if columns is None:  # not opened by an earlier part of this batch
             columns = self._open[shard] = self._open_shard(shard)
             if self._stitch is not None:  # its rows read from their slot from now on (NOTE [stitched rows])
-                columns = self._open[shard] = self._stitch.place(shard, columns)
+                columns = self._open[shard] = self._stitch.place(shard, columns, self._path(shard),
+                                                                 self._column_remainders)
             self._label_bases[shard] = label_bases([columns])[0]
             if self._advice is not None:
                 advise_column(columns.samples, self._advice)
@@ -385,11 +399,21 @@ class ShardStore:
     def column_offsets(self, shard):
         """Return ``(samples, labels)``: the byte offsets of ``shard``'s sample and label columns in its file.
 
-        The shard is opened (and checked) first. Only for files whose columns are memory maps (HDF5).
+        The shard is opened (and checked) first.
         """
         self.columns([shard])
-        columns, _ = self._read(self._path(shard), check=False)
-        return int(columns.samples.offset), int(columns.labels.offset)
+        return column_offsets(self._path(shard))
+
+    def _column_remainders(self, modulo):
+        """Return the sample column offsets modulo ``modulo`` of the first, middle and last shards (local files).
+
+        Read without opening the shards (StitchedRows picks the most common; NOTE [stitched rows]); a cached
+        store's shards are not fetched for this: empty.
+        """
+        if self.cache is not None:
+            return []
+        last = self.index.num_shards - 1
+        return [column_offsets(self._paths[shard])[0] % modulo for shard in sorted({0, last // 2, last})]
 
     def check_unchanged(self, shard, stat):
         """Raise FormatError unless ``stat`` of ``shard``'s file matches the fingerprint it was checked with.
@@ -512,12 +536,12 @@ def _no_lease():
     """The release of a read that holds no lease."""
 
 
-def _stitched_rows(index):
+def _stitched_rows(index, read_paths):
     """Return the StitchedRows of a folder of fixed-size rows (raw images), else None (one file, ragged rows)."""
     metadata = index.metadata
     if index.num_shards < 2 or metadata.get("storage") != "raw":
         return None
-    return StitchedRows(np.diff(index.starts), metadata["sample_shape"], metadata["sample_dtype"])
+    return StitchedRows(np.diff(index.starts), metadata["sample_shape"], metadata["sample_dtype"], read_paths)
 
 
 def _plain(columns):

@@ -10,12 +10,17 @@ slot of one reserved address range (its own map of the column is dropped),
 so that every row of every open shard is a row of one ``[R, *row shape]``
 array and the batch's rows are one ``np.take`` of ``slot + row``: 381-432 us
 for the 33-shard batch above, the parts included.
-A shard's file offset is kept modulo the page size in its slot, so the
-column's offset in its file must have the same remainder in every shard
-(true of the shards one converter writes: HDF5 puts the column at the same
-place); a shard that differs, a column that is not a plain file map (Arrow),
-or an address range the kernel refuses turns stitching off for the store,
-which reads part by part as before.
+A shard's file offset is kept modulo the page size in its slot, so a
+shard is mapped only where its column's offset has the view's remainder
+modulo the page: the one most of the folder's shards have (probed on the
+first, middle and last when the range is reserved), 0 in every folder the
+converter writes now (NOTE [aligned columns] in formats/layout.py). HDF5
+and Arrow columns are both plain byte ranges of their files. A shard whose
+column lies elsewhere (shard 0 of a folder written before, 8 bytes apart)
+has its rows read into its slot instead, anonymous memory, up to
+COPY_BYTES in all, and says so once (FastPathWarning); past that, or where
+the kernel refuses the range, the shard is not stitched and the batches
+that touch it are read part by part, said once too.
 
 Slots are not unmapped while a batch that may read them is in flight: a
 closed shard's slot is retired and unmapped (replaced by an inaccessible
@@ -34,12 +39,14 @@ import weakref
 
 import numpy as np
 
-from fastdata.formats import Columns
+from fastdata.formats import Columns, column_offsets
+from fastdata.loading.readpaths import BY_SHARD
 
 PAGE = mmap.PAGESIZE
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000  # Linux values (x86-64 and arm64)
 _RESERVE_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | _MAP_NORESERVE
 _FAILED = ctypes.c_void_p(-1).value
+COPY_BYTES = 512 << 20  # the most bytes of shards whose columns lie off the view's pages read into memory instead
 
 
 def _libc():
@@ -60,9 +67,10 @@ class StitchedRows:
         counts: int64 ``[S]`` rows of each shard.
         row_shape: the shape of one row, e.g. ``(3, 64, 64)``.
         dtype: the rows' dtype.
+        read_paths: the store's ReadPaths, warned through where a shard cannot be stitched.
     """
 
-    def __init__(self, counts, row_shape, dtype):
+    def __init__(self, counts, row_shape, dtype, read_paths):
         self.row_shape, self.dtype = tuple(row_shape), np.dtype(dtype)
         self.row_bytes = int(np.prod(self.row_shape)) * self.dtype.itemsize
         step = PAGE // int(np.gcd(self.row_bytes, PAGE))  # slots start on pages: multiples of this many rows
@@ -72,17 +80,19 @@ class StitchedRows:
         self._counts, self._total_rows = np.asarray(counts, np.int64), int(sizes.sum())
         self._slot_bases = self.slots - np.concatenate(([0], np.cumsum(self._counts)[:-1]))  # slot - first index
         self.enabled = _LIBC is not None and self.row_bytes > 0
+        self.read_paths = read_paths
         self._reset()
 
     def _reset(self):
         self.view, self._base, self._residue, self._pid = None, None, None, os.getpid()
         self._mapped, self._retired, self._leases = np.zeros(len(self._counts), bool), set(), 0
+        self._copied = {}  # shard -> bytes of its rows read into its slot (its column lies off the view's pages)
         self._kept = []  # the Columns of closed shards, alive (label maps included) until no lease is held
         self._lock = threading.Lock()
 
     def __getstate__(self):  # another process reserves its own range
         return {**self.__dict__, "view": None, "_base": None, "_lock": None, "_mapped": None, "_retired": set(),
-                "_kept": []}
+                "_kept": [], "_copied": {}}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -92,36 +102,40 @@ class StitchedRows:
         """In a forked process: the inherited range and maps stay; each slot counts as mapped once mapped again."""
         if self._pid != os.getpid():
             self._mapped, self._retired, self._leases, self._pid = np.zeros_like(self._mapped), set(), 0, os.getpid()
-            self._kept, self._lock = [], threading.Lock()
+            self._kept, self._lock, self._copied = [], threading.Lock(), {}
 
-    def place(self, shard, columns):
+    def place(self, shard, columns, path, remainders):
         """Return ``shard``'s Columns with their sample rows read from its slot, or ``columns`` where they cannot be.
 
+        ``path`` is the shard's file; ``remainders(PAGE)`` the column offsets of a few shards modulo
+        the page, from which the first call picks the view's (see NOTE [stitched rows]).
         One map of the rows, not two: the kernel hints of readahead.py (access pattern, reclaim) act on
         the pages of one mapping; the shard's own map of the rows is dropped with ``columns``.
         """
-        if not self.map(shard, columns.samples):
+        if not self.map(shard, columns.samples, path, remainders):
             return columns
         start = int(self.slots[shard])
         return Columns(self.view[start : start + int(self._counts[shard])], columns.labels, columns.offsets)
 
-    def map(self, shard, column):
-        """Map ``column`` (the np.memmap of ``shard``'s rows) into its slot; return False where it cannot be."""
+    def map(self, shard, column, path, remainders):
+        """Map ``shard``'s rows (``column``, in the file ``path``) into its slot; return False where they cannot be."""
         self._own()
-        source = column.base if isinstance(column.base, np.memmap) else column  # a plain view of a memmap
-        filename, offset = getattr(source, "filename", None), getattr(source, "offset", None)
-        if (not self.enabled or filename is None or column.dtype != self.dtype or column.shape[1:] != self.row_shape
-                or len(column) != self._counts[shard]):
-            return self._disable()
+        source = column.base if isinstance(column.base, np.memmap) else None  # a plain view of a memmap
+        if not self.enabled or column.dtype != self.dtype or column.shape[1:] != self.row_shape:
+            return self._disable(f"its rows are not {self.dtype} {list(self.row_shape)} like the first shard's")
+        if len(column) != self._counts[shard]:
+            return self._disable(f"shard {shard} holds {len(column)} rows, its index says {int(self._counts[shard])}")
+        offset = int(source.offset) if source is not None else int(column_offsets(path)[0])
         with self._lock:
             if self._residue is None:
-                self._residue = offset % PAGE
+                probed = remainders(PAGE) or [offset % PAGE]  # not a vote of its own: it would tie 2 to 2
+                self._residue = max(probed, key=probed.count)
                 if not self._reserve():
-                    return self._disable()
-            if offset % PAGE != self._residue:
-                return self._disable()
+                    return self._disable("the kernel refused to reserve an address range for the rows")
             self._retired.discard(shard)
-            return self._map_file(shard, filename, offset) or self._disable()
+            if offset % PAGE != self._residue:
+                return self._copy_file(shard, path, offset)
+            return self._map_file(shard, path, offset) or self._disable(f"shard {shard}'s rows could not be mapped")
 
     def retire(self, shard, columns):
         """Mark ``shard``'s slot for unmapping once no lease is held (its shard was closed).
@@ -156,7 +170,11 @@ class StitchedRows:
         self._own()
         return self.enabled and self.view is not None and bool(self._mapped[shards].all())
 
-    def _disable(self):
+    def _disable(self, why):
+        """Stitch no more shards (``why`` is warned about once); return False."""
+        if self.enabled:
+            self.read_paths.fall_back("stitch", f"the shards' rows are not stitched into one array: {why}. Batches "
+                                      f"are read '{BY_SHARD}', a take per shard (1.1-1.3x slower measured)")
         self.enabled = False
         return False
 
@@ -185,6 +203,39 @@ class StitchedRows:
         self._mapped[shard] = True
         return True
 
+    def _copy_file(self, shard, path, offset):
+        """Read the rows of ``shard``, whose column lies off the view's pages, into its slot (see NOTE [stitched rows]).
+
+        Returns False, warned once, where COPY_BYTES would be passed or the kernel refuses the memory.
+        """
+        count, nbytes = int(self._counts[shard]), int(self._counts[shard]) * self.row_bytes
+        where = f"shard {shard} ({path!r}) has its rows at byte {offset}, not at {self._residue} modulo {PAGE}"
+        if sum(self._copied.values()) + nbytes > COPY_BYTES:
+            self.read_paths.fall_back("stitch copies", (
+                f"{where}, and the rows of such shards already read into memory fill {COPY_BYTES >> 20} MiB: it is "
+                f"not stitched, and the batches that touch it are read '{BY_SHARD}' (1.1-1.3x slower measured). "
+                "Convert the folder again to align every shard (NOTE [aligned columns])"))
+            return False
+        start = self._base + int(self.slots[shard]) * self.row_bytes
+        got = _LIBC.mmap(start, self._residue + nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
+                         _RESERVE_FLAGS | _MAP_FIXED, -1, 0)
+        if got != start:
+            return self._disable(f"shard {shard}'s slot could not be given memory")
+        rows = memoryview(self.view[int(self.slots[shard]) : int(self.slots[shard]) + count]).cast("B")
+        with open(path, "rb", buffering=0) as f:
+            done = 0
+            while done < nbytes:
+                read = os.preadv(f.fileno(), [rows[done:]], offset + done)
+                if not read:
+                    raise EOFError(f"{path!r} ended before its {count} rows were read")
+                done += read
+        self._copied[shard] = nbytes
+        self._mapped[shard] = True
+        self.read_paths.fall_back("stitch copies", (
+            f"{where}: its rows are read into memory ({nbytes / 1e6:.0f} MB) to be stitched with the others, as is "
+            "any other such shard. Convert the folder again to align every shard (NOTE [aligned columns])"))
+        return True
+
     def _settle(self):
         """Unmap the retired slots and let the kept Columns go if no batch holds a lease (under the lock)."""
         if self._leases:
@@ -195,4 +246,5 @@ class StitchedRows:
             length = self._residue + int(self._counts[shard]) * self.row_bytes
             _LIBC.mmap(start, length, _PROT_NONE, _RESERVE_FLAGS | _MAP_FIXED, -1, 0)
             self._mapped[shard] = False
+            self._copied.pop(shard, None)
         self._retired.clear()

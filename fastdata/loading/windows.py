@@ -30,17 +30,27 @@ place chosen so that its first row lands on a row of the view (a
 solution of two congruences, found per run): the rows need no second
 copy, at the cost of a few unused rows per run, bounded by
 ``MAX_SLACK``. Reads past the data (the alignment's tail) stop at the
-end of the file.
+end of the file. That lands only where the run's offset in its file has
+the view's remainder modulo ``gcd(row bytes, alignment)``; the view takes
+the remainder most of the folder's shards have (probed on the first,
+middle and last), and the runs of a shard whose column lies elsewhere
+(a folder written before NOTE [aligned columns] in formats/layout.py put
+shard 0's column 8 bytes before the others') are read to an aligned
+place and moved onto the view's rows by one memmove, off the GIL: a copy
+of those shards' bytes, said once (FastPathWarning). Placed from shard 0
+alone, every window of such a folder failed and its batches were read
+sample by sample through the map, at 0.035 of the disk.
 
 This takes only what one process reads alone: with workers or several
 ranks on a machine, each would read every window whole, where the page
-cache shares one read (so those keep the hints), and only HDF5 files of
-fixed-size rows (raw images), whose columns are plain byte ranges of the
-file. Before its reads, every shard is compared with the fingerprint
+cache shares one read (so those keep the hints), and only files of
+fixed-size rows (raw images, HDF5 or Arrow), whose columns are plain byte
+ranges of the file. Before its reads, every shard is compared with the fingerprint
 taken when the store checked it (NOTE [shard fingerprint] in shards.py),
 through the descriptor it is read from.
 """
 
+import ctypes
 import mmap
 import os
 import threading
@@ -52,6 +62,7 @@ import numpy as np
 
 from fastdata.errors import FormatError
 from fastdata.loading.decoders import Parts
+from fastdata.loading.readpaths import BY_SHARD
 
 ALIGNMENTS = (512, 4096)  # direct I/O alignments tried, least first; see NOTE [window reads]
 READ_THREADS = 32  # shards of a window read at once
@@ -80,7 +91,7 @@ class WindowReads:
         self.row_bytes = int(np.prod(self.row_shape)) * self.dtype.itemsize
         self._offsets = {}  # shard -> (sample column offset, label column offset) in its file
         self.slot_rows = order.window * order.block_size + self._max_runs() * self._run_slack() + 1
-        self._pid = None
+        self._pid, self._base = None, None
 
     def _max_runs(self):
         """The most runs (rows of one shard) a window can hold: its blocks, cut at the shards' starts."""
@@ -89,26 +100,33 @@ class WindowReads:
         return order.window + min(index.num_shards - 1, order.window * cuts)
 
     def _run_slack(self):
-        """The most view rows a run leaves unused: its placement's congruence, its read's head and tail."""
+        """The most view rows a run leaves unused: its placement's congruence (or its move), its head and tail."""
         period = self.alignment // int(np.gcd(self.row_bytes, self.alignment))  # placements repeat every this many rows
-        return period - 1 + -(-2 * self.alignment // self.row_bytes)
+        landing = period - 1 + -(-2 * self.alignment // self.row_bytes)
+        moved = 1 + -(-3 * self.alignment // self.row_bytes)  # see place_runs
+        return max(landing, moved)
 
     @classmethod
     def of(cls, store, order):
-        """Return the WindowReads of a local ``store`` of HDF5 shards under ``order``, or None where it cannot be.
+        """Return ``(WindowReads, None)`` of a local ``store`` of fixed-size rows under ``order``, or ``(None, why)``.
 
-        None for an order that is not "block", a disk without direct I/O, or
-        rows whose aligned places would take over MAX_SLACK unused rows.
+        ``why`` says what stands in the way: an order that is not "block", a
+        disk without direct I/O, or rows whose aligned places would take over
+        MAX_SLACK unused rows.
         """
-        if order.shuffle != "block" or store.cache is not None or not hasattr(os, "O_DIRECT"):
-            return None
+        if order.shuffle != "block" or store.cache is not None:
+            return None, "only a block order of local files is read in windows"
+        if not hasattr(os, "O_DIRECT"):
+            return None, "this system has no direct I/O (O_DIRECT)"
         alignment = direct_alignment(store.index.path(0))
         if alignment is None:
-            return None
+            return None, f"the file system of {store.index.path(0)!r} refuses direct I/O (O_DIRECT)"
         reads = cls(store, order, alignment)
         if reads.slot_rows > (1 + MAX_SLACK) * order.window * order.block_size + 1:
-            return None
-        return reads
+            return None, (f"rows of {reads.row_bytes} bytes in windows of {order.window} blocks of {order.block_size} "
+                          f"would leave more than {MAX_SLACK:.0%} of a window's memory unused at {alignment}-byte "
+                          "alignment; pass a larger block_size or window")
+        return reads, None
 
     def want(self, keys):
         """Keep the windows ``keys`` (``(epoch, window)``, the one read now first) and read those not read yet.
@@ -149,7 +167,7 @@ class WindowReads:
         rows = SLOTS * self.slot_rows + 1
         self._memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment,  # page-aligned; pages made as read
                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._base = self._column_offsets(0)[0] % int(np.gcd(self.row_bytes, self.alignment))  # view row 0's byte
+        self._base = self._common_remainder()  # view row 0's byte: see NOTE [window reads]
         self.view = np.ndarray((rows, *self.row_shape), self.dtype, buffer=self._memory, offset=self._base)
         self.labels = np.zeros(rows, np.int64)
         self._label_base = self.labels.ctypes.data
@@ -158,6 +176,13 @@ class WindowReads:
         threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
                          name="fastdata-windows").start()
         weakref.finalize(self, _stop, self._slots, self._pool)
+
+    def _common_remainder(self):
+        """Return the remainder modulo ``gcd(row bytes, alignment)`` of most probed shards' sample columns."""
+        step = int(np.gcd(self.row_bytes, self.alignment))
+        last = self.store.index.num_shards - 1
+        remainders = [self._column_offsets(shard)[0] % step for shard in sorted({0, last // 2, last})]
+        return max(remainders, key=remainders.count)
 
     def _column_offsets(self, shard):
         """Return ``(samples, labels)``: where ``shard``'s columns start in its file (the shard checked first)."""
@@ -172,6 +197,9 @@ class WindowReads:
             window.set_runs(self._lay_out(self._runs(self.order.window_ranges(*key)), slot))
         except Exception as exc:  # held no sample: its batches are read from the files, and meet the problem there
             window.fail(exc)
+            self.store.read_paths.fall_back("window", (
+                f"window {key} of {self.store.index.root!r} could not be laid out for direct reads ({exc}); its "
+                f"batches are read '{BY_SHARD}' through the memory map, at a fraction of the disk's rate"))
         self._slots.put(slot, window)
         shards = window.runs["shard"]
         groups = np.split(np.arange(len(shards)), np.flatnonzero(np.diff(shards)) + 1) if len(shards) else []
@@ -201,12 +229,21 @@ class WindowReads:
         first = runs[:, 1] - starts[runs[:, 0]]  # each run's first row in its shard
         out = np.zeros(len(runs), _RUN)
         out["shard"], out["start"], out["stop"] = runs.T
-        out["file_offset"], out["length"], out["place"], out["row"] = place_runs(
+        out["file_offset"], out["length"], out["place"], out["row"], out["shift"] = place_runs(
             offsets[:, 0] + first * self.row_bytes, runs[:, 2] - runs[:, 1], self.row_bytes, self.alignment,
             self._base, slot * self.slot_rows)
+        if out["shift"].any():
+            moved = np.unique(runs[out["shift"] != 0, 0])
+            self.store.read_paths.fall_back("moved rows", (
+                f"shard {int(moved[0])} of {self.store.index.root!r} (and {len(moved) - 1} more in this window) has "
+                f"its sample column at another byte modulo {int(np.gcd(self.row_bytes, self.alignment))} than most "
+                "shards: its rows are read, then moved onto the window's rows, a copy of their bytes. Converting "
+                "the folder again aligns every shard's column (NOTE [aligned columns])"))
         out["labels_at"] = offsets[:, 1] + first * 8
         limit = self._base + (slot + 1) * self.slot_rows * self.row_bytes
-        if len(runs) and out["place"][-1] + out["length"][-1] > limit:  # the slack bound of __init__ is wrong
+        ends = np.maximum(out["place"] + out["length"], self._base + out["row"] * self.row_bytes
+                          + (out["stop"] - out["start"]) * self.row_bytes)
+        if len(runs) and ends[-1] > limit:  # the slack bound of __init__ is wrong
             raise RuntimeError(f"a window of {len(runs)} runs does not fit its slot of {self.slot_rows} rows")
         return out
 
@@ -239,14 +276,21 @@ class WindowReads:
             if window.finish_one():  # its slot may be free now
                 self._slots.notify()
 
-    def _read_run(self, path, direct, plain, memory, start, stop, row, file_offset, length, place, labels_at):
-        """Read one run's samples (``direct``) and labels (``plain``) into the view and labels of this process."""
+    def _read_run(self, path, direct, plain, memory, start, stop, row, file_offset, length, place, labels_at, shift):
+        """Read one run's samples (``direct``) and labels (``plain``) into the view and labels of this process.
+
+        A run read ``shift`` bytes before its rows' place is moved there (see ``place_runs``).
+        """
         got = os.preadv(direct, [memory[place:place + length]], file_offset)
-        needed = self._base + row * self.row_bytes - place + (stop - start) * self.row_bytes
+        target = self._base + row * self.row_bytes
+        needed = target - shift - place + (stop - start) * self.row_bytes
         labels = os.pread(plain, (stop - start) * 8, labels_at)
         if got < needed or len(labels) < (stop - start) * 8:
             raise FormatError(f"{path!r} ended before samples {start}..{stop} were read: the file was cut short "
                               "while it was read. Open the dataset again, or convert its source again.")
+        if shift:  # ctypes calls free the GIL
+            address = memory.ctypes.data
+            ctypes.memmove(address + target, address + target - shift, (stop - start) * self.row_bytes)
         self.labels[row:row + stop - start] = np.frombuffer(labels, np.int64)
 
     def __getstate__(self):  # another process makes its own slots and threads
@@ -255,7 +299,8 @@ class WindowReads:
 
 
 _RUN = np.dtype([("shard", np.int64), ("start", np.int64), ("stop", np.int64), ("row", np.int64),
-                 ("file_offset", np.int64), ("length", np.int64), ("place", np.int64), ("labels_at", np.int64)])
+                 ("file_offset", np.int64), ("length", np.int64), ("place", np.int64), ("labels_at", np.int64),
+                 ("shift", np.int64)])
 
 
 class _Window:
@@ -322,9 +367,7 @@ class _Slots:
         """
         with self.condition:
             while not self.stopped:
-                free = [slot for slot, window in enumerate(self.windows)  # no batch, and no read, in it
-                        if window is None or (window.key not in self.wanted and not window.leases
-                                              and window.done.is_set())]
+                free = self._free()
                 if self.queue and free:
                     self.windows[free[0]] = _Window(self.queue[0])  # taken: being placed
                     return free[0], self.queue.pop(0)
@@ -332,6 +375,11 @@ class _Slots:
                     return None
                 self.condition.wait()
             return None
+
+    def _free(self):
+        """The slots that hold no window, or one not wanted with no batch and no read in it (under the condition)."""
+        return [slot for slot, window in enumerate(self.windows)
+                if window is None or (window.key not in self.wanted and not window.leases and window.done.is_set())]
 
     def put(self, slot, window):
         """Hold ``window``, laid out, in ``slot`` (taken by next_placement)."""
@@ -343,7 +391,9 @@ class _Slots:
     def lease(self, indices):
         """Return ``(view rows of indices, the windows they lie in)`` leased, or ``(None, [])`` where not all are.
 
-        Waits for a window being laid out (that never waits for a slot) before it answers.
+        Waits for a window being laid out (that never waits for a slot), and for a wanted window that a free
+        slot is about to take, before it answers: answered early, a batch of the window wanted next was read
+        from the files while the placing thread had not yet woken (4 of 69 batches in a test).
         """
         with self.condition:
             while True:
@@ -359,7 +409,8 @@ class _Slots:
                     for window in used:
                         window.leases += 1
                     return rows, used
-                if self.stopped or all(window is None or window.placed for window in self.windows):
+                placing = any(window is not None and not window.placed for window in self.windows)
+                if self.stopped or not (placing or (self.queue and self._free())):
                     return None, []
                 self.condition.wait()
 
@@ -398,7 +449,7 @@ def _stop(slots, pool):
 
 
 def place_runs(offsets, counts, row_bytes, alignment, base, first_row):
-    """Return ``(read offsets, read lengths, places, rows)``, int64 ``[K]`` each, of runs of rows read in turn.
+    """Return ``(read offsets, read lengths, places, rows, shifts)``, int64 ``[K]`` each, of runs of rows read in turn.
 
     Run ``k`` holds ``counts[k]`` rows of ``row_bytes`` at byte ``offsets[k]``
     of its file. It is read from the ``alignment``-aligned offset at or below
@@ -407,27 +458,33 @@ def place_runs(offsets, counts, row_bytes, alignment, base, first_row):
     that its first row lands on view row ``rows[k]``, the view's row 0 being
     memory byte ``base`` and the first row free ``first_row``. Such a place
     recurs every ``alignment / gcd(row_bytes, alignment)`` rows; the first
-    one is taken (see NOTE [window reads]). Rows land on the view's rows
-    only where every offset is ``base`` modulo ``gcd(row_bytes, alignment)``;
-    raises ValueError otherwise.
+    one is taken (see NOTE [window reads]), and ``shifts[k]`` is 0. A run
+    whose offset is not ``base`` modulo ``gcd(row_bytes, alignment)`` cannot
+    land on a row: it is read to the first aligned place free and its rows
+    then belong ``shifts[k]`` bytes further on, at the first view row after
+    where they were read (less than a row on; the caller moves them).
     """
     step = int(np.gcd(row_bytes, alignment))
     period = alignment // step
     inverse = pow(row_bytes // step, -1, period) if period > 1 else 0
     heads = np.asarray(offsets, np.int64) % alignment
-    if ((heads - base) % step).any():
-        raise ValueError(f"runs at offsets {np.asarray(offsets)[(heads - base) % step != 0][:3].tolist()} cannot land "
-                         f"on rows of a view at byte {base} (modulo {step})")
     reads = np.asarray(offsets, np.int64) - heads
     lengths = -(-(heads + np.asarray(counts, np.int64) * row_bytes) // alignment) * alignment
-    places, rows = np.zeros(len(heads), np.int64), np.zeros(len(heads), np.int64)
+    places, rows, shifts = (np.zeros(len(heads), np.int64) for _ in range(3))
     end = base + first_row * row_bytes  # the first memory byte free
-    for k, (head, length) in enumerate(zip(heads.tolist(), lengths.tolist())):
-        least = -(-(end + head - base) // row_bytes)  # the first row whose place starts at or after ``end``
-        rows[k] = row = least + ((head - base) // step * inverse - least) % period  # base + row * size = head mod align
-        places[k] = place = base + row * row_bytes - head
-        end = place + length
-    return reads, lengths, places, rows
+    for k, (head, length, count) in enumerate(zip(heads.tolist(), lengths.tolist(), np.asarray(counts).tolist())):
+        if (head - base) % step:  # moved: read at the first aligned byte free, rows to the next view row
+            place = -(-end // alignment) * alignment
+            row = -(-(place + head - base) // row_bytes)
+            shifts[k] = base + row * row_bytes - place - head
+            end = max(place + length, base + (row + count) * row_bytes)
+        else:
+            least = -(-(end + head - base) // row_bytes)  # the first row whose place starts at or after ``end``
+            row = least + ((head - base) // step * inverse - least) % period  # base + row * size = head mod align
+            place = base + row * row_bytes - head
+            end = place + length
+        places[k], rows[k] = place, row
+    return reads, lengths, places, rows, shifts
 
 
 def direct_alignment(path):

@@ -138,7 +138,7 @@ def _loader_rows(dataset, label, batch_size, workers):
 
     key = f"{dataset.format}-{dataset.storage}"
     rows = [Row(key, f"fastdata {label}: make_loader", "0 (defaults)",
-                 lambda: make_loader(dataset, batch_size, shuffle=True))]
+                 lambda: make_loader(dataset, batch_size, shuffle=True), dataset=dataset)]
     for count in sorted(set(workers) - {0}):
         rows.append(Row(f"{key}_workers{count}", f"fastdata {label}: make_loader", f"{count} (persistent)",
                          lambda count=count: make_loader(dataset, batch_size, shuffle=True, num_workers=count),
@@ -203,12 +203,16 @@ def _measure_rows(rows, repeats, min_seconds, expected, progress):
                 rate = measure_rate(run_epoch, repeats, min_seconds=min_seconds)
             finally:
                 getattr(run_epoch, "close", lambda: None)()
+            more = {}
         else:
+            before = row.dataset.read_paths() if row.dataset is not None else None
             rate = measure_loader(row.build, repeats=repeats, min_seconds=min_seconds, expected=expected,
                                   memory=row.memory)
+            more = {} if before is None else {"read_paths": {  # see NOTE [no silent fallbacks] in readpaths.py
+                path: count - before[path] for path, count in row.dataset.read_paths().items()}}
         if progress:
             print(f" {rate.samples_per_s:,.0f} samples/s", file=sys.stderr, flush=True)
-        measured.append(row.result(rate, is_limit=row.limit))
+        measured.append(row.result(rate, is_limit=row.limit, **more))
     return measured
 
 
@@ -249,13 +253,16 @@ def _sample_text(dataset):
 def results_table(results):
     """Return the Markdown table of ``benchmark`` results: one line per row."""
     reference = "raw folder (0 workers)" if results["source"] == "folder" else "per-item DataLoader"
-    headers = ["method", "workers", "samples/s", f"vs {reference}", "of limit", "MB/worker dirty (growth)"]
+    headers = ["method", "workers", "samples/s", f"vs {reference}", "of limit", "MB/worker dirty (growth)",
+               "batches read by"]
     body = []
     for row in results["rows"]:
         limit = "-" if row["fraction_of_limit"] is None else f"{row['fraction_of_limit']:.3g}"
+        paths = ", ".join(f"{path} {count:,}" for path, count in row.get("read_paths", {}).items() if count)
         body.append((row["method"] + (" = LIMIT" if row["is_limit"] else ""), row["workers"],
-                     f"{row['samples_per_s']:,.0f}", f"{row['vs_reference']:,.2f}x", limit, _worker_mb(row)))
-    return markdown_table(headers, body, "llrrrr")
+                     f"{row['samples_per_s']:,.0f}", f"{row['vs_reference']:,.2f}x", limit, _worker_mb(row),
+                     paths or "-"))
+    return markdown_table(headers, body, "llrrrrl")
 
 
 def _worker_mb(row):

@@ -53,6 +53,11 @@ class ProfileReport:
         wait_p95_seconds: 95th percentile of those waits.
         starving_above: the data-bound fraction above which the loop is starving.
         hint: what to try when it is.
+        read_paths: the batches the loader's dataset read in this process so far (a batch or two ahead of
+            the loop), by the way they were read (``dataset.read_paths()``: "windows", "stitched", "by shard",
+            "one file"); None where the loader has workers (they count their own) or is not fastdata's.
+        fallbacks: what was warned about the fast paths that could not apply (FastPathWarning), in this
+            process; see NOTE [no silent fallbacks] in fastdata/loading/readpaths.py.
     """
 
     batches: int
@@ -68,6 +73,8 @@ class ProfileReport:
     wait_p95_seconds: float
     starving_above: float = STARVING_ABOVE
     hint: str = ""
+    read_paths: dict[str, int] | None = None
+    fallbacks: tuple[str, ...] = ()
 
     @property
     def starving(self):
@@ -81,9 +88,11 @@ class ProfileReport:
         rate = (f"{self.samples_per_s:,.0f} samples/s" if self.samples_per_s is not None
                 else f"{self.batches_per_s:,.1f} batches/s")
         verdict = f"GPU is starving: {self.hint}" if self.starving else "the input pipeline keeps up"
+        read = "".join(f"; {path} {count:,}" for path, count in (self.read_paths or {}).items() if count)
+        said = f"; {len(self.fallbacks)} fast path(s) could not apply: see .fallbacks" if self.fallbacks else ""
         return (f"data-bound {self.data_bound_fraction:.1%} (waited {self.wait_seconds:.2f}s of "
                 f"{self.wait_seconds + self.body_seconds:.2f}s over {self.batches:,} batches; {rate}; "
-                f"first batch {self.first_batch_seconds:.2f}s) -> {verdict}")
+                f"first batch {self.first_batch_seconds:.2f}s{read}{said}) -> {verdict}")
 
 
 def profile(loader: Iterable, *, max_batches: int | None = None, batch_size_of: Callable[[Any], int] | None = None,
@@ -212,7 +221,8 @@ class ProfiledLoader:
             data_bound_fraction=_ratio(wait, steady), batches_per_s=_ratio(meter.batches, steady),
             samples_per_s=None if meter.samples is None else _ratio(meter.samples, steady),
             wait_p50_seconds=p50, wait_p95_seconds=p95, starving_above=self.starving_above,
-            hint=_hint_for(self.loader),
+            hint=_hint_for(self.loader), read_paths=_read_paths(self.loader),
+            fallbacks=_fallbacks(self.loader),
         )
 
 
@@ -256,6 +266,18 @@ def _default_batch_size(batch):
         return len(column)
     except TypeError:
         return None
+
+
+def _read_paths(loader):
+    """Return the batches ``loader``'s dataset read in this process by each path, or None (workers, others)."""
+    return loader.packed_dataset.read_paths() if isinstance(loader, BatchLoader) else None
+
+
+def _fallbacks(loader):
+    """Return the fast-path warnings of ``loader``'s dataset in this process."""
+    if not isinstance(loader, (BatchLoader, WorkerLoader)):
+        return ()
+    return tuple(loader.packed_dataset.fallbacks().values())
 
 
 def _hint_for(loader):

@@ -23,6 +23,7 @@ class Row:
     kind: str = ""
     memory: bool = False  # record the memory of the worker processes
     limit: bool = False  # a limit row (see limits.py), not a loader
+    dataset: object = None  # `fastdata bench`: the dataset whose read paths this row's loader counts in this process
 
     def result(self, rate, **more):
         """Return this row's line of results: key, method, workers, ``more``, then the Rate's fields."""

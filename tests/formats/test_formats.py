@@ -4,16 +4,27 @@ import json
 import os
 import re
 import shutil
+import tempfile
 
 import h5py
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import column_regions, downgrade_to_version1, overwrite, private_copy
 
 from fastdata import ArrowDataset, FormatError, HDF5Dataset, open_dataset
-from fastdata.formats import FORMAT_VERSION, Columns, format_of, read_checksums, read_packed, write_packed
-from fastdata.formats.layout import CHECKSUM_CHUNK_BYTES, METADATA_KEY, chunk_checksums
+from fastdata.formats import (
+    FORMAT_VERSION,
+    Columns,
+    column_offsets,
+    format_of,
+    read_checksums,
+    read_packed,
+    write_packed,
+)
+from fastdata.formats.layout import CHECKSUM_CHUNK_BYTES, COLUMN_ALIGNMENT, METADATA_KEY, chunk_checksums
 
 
 def mapped_files(address):
@@ -310,3 +321,27 @@ class TestArrowContract(FormatContract):
             writer.write_table(table, max_chunksize=5)
         with pytest.raises(FormatError, match="one record batch"):
             read_packed(split)
+
+
+@pytest.mark.parametrize("ext", [".h5", ".arrow"])
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(0, 300), shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+       extra=st.text(max_size=3000))
+def test_fixed_sample_columns_start_aligned_whatever_the_metadata(ext, rows, shape, extra):
+    # NOTE [aligned columns]: headers of any length (here: metadata text) leave the samples on a 4,096-byte
+    # boundary, so every shard of a folder lays out alike for the stitched and window readers
+    samples = np.random.default_rng(rows).integers(0, 256, (rows, *shape), dtype=np.uint8)
+    columns = Columns(samples, np.arange(rows, dtype=np.int64) % 3)
+    metadata = {"kind": "test", "num_samples": rows, "sample_shape": shape, "sample_dtype": "uint8",
+                "extra": extra}
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, f"aligned{ext}")
+        write_packed(path, columns, metadata)
+        start, _ = column_offsets(path)
+        if samples.nbytes >= COLUMN_ALIGNMENT:
+            assert start % COLUMN_ALIGNMENT == 0, start
+        with open(path, "rb") as f:
+            f.seek(start)
+            assert f.read(samples.nbytes) == samples.tobytes()  # the offset is where the samples are
+        read, stored = read_packed(path)
+        assert np.array_equal(read.samples, samples) and stored["extra"] == extra

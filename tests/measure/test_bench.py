@@ -159,6 +159,9 @@ def test_bench_file_rows(small_photos, storage, limit):
     assert results["reference"] == "per_item" and results["limit"] == limit
     assert results["rows"][-1]["fraction_of_limit"] == 1.0
     assert results["rows"][1]["worker_memory"]["workers"]
+    read = results["rows"][0]["read_paths"]  # the 0-worker loader's batches, by the way they were read
+    assert read["one file"] >= 3 and sum(read.values()) == read["one file"]
+    assert all("read_paths" not in row for row in results["rows"][1:])  # workers count in their own processes
     assert json.loads(json.dumps(results))["num_samples"] == 12
     table = results_table(results)
     assert table.startswith("| method") and len(table.splitlines()) == 2 + len(keys)
@@ -211,6 +214,9 @@ def test_cli_bench_shard_folder_is_measured_as_a_packed_dataset(shard_converted,
     with open(out) as f:
         saved = json.load(f)
     assert [row["key"] for row in saved["rows"]] == [f"hdf5-{storage}", "per_item", limit]  # not a raw folder
+    read = saved["rows"][0]["read_paths"]
+    assert read["stitched" if storage == "raw" else "by shard"] == sum(read.values()) > 0, read
+    assert f"{'stitched' if storage == 'raw' else 'by shard'} {sum(read.values()):,}" in result.output
     shard_bytes = sum(os.path.getsize(path) for path in open_dataset(folder).shard_paths)
     assert [entry["bytes"] for entry in saved["files"]] == [shard_bytes]
 

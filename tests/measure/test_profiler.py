@@ -254,3 +254,20 @@ def test_packed_loader_yields_identical_batches_through_the_wrapper(tmp_path):
     report = profiled.report()
     assert (report.batches, report.samples) == (3, 8)
     assert "make_loader" in report.hint
+
+
+def test_the_report_counts_the_batches_of_the_pass_by_the_way_they_were_read(shard_converted, packed_files):
+    # NOTE [no silent fallbacks]: a converted folder's batches are one take from its stitched rows
+    loader = make_loader(fastdata.open_dataset(shard_converted("hdf5", "raw")), batch_size=4, shuffle=True)
+    profiled = fastdata.profile(loader)
+    for passes in (1, 2):  # the dataset's counts so far: a batch or two ahead of the loop
+        run_loop(profiled, body=0.0)
+        report = profiled.report()
+        assert passes * len(loader) <= report.read_paths["stitched"] <= passes * len(loader) + 2
+        assert report.batches == len(loader) and report.fallbacks == ()
+        assert sum(report.read_paths.values()) == report.read_paths["stitched"], report.read_paths
+        assert f"stitched {report.read_paths['stitched']}" in str(report)
+    one_file = fastdata.profile(make_loader(fastdata.open_dataset(packed_files("hdf5", "raw")), batch_size=4))
+    run_loop(one_file, body=0.0)
+    assert one_file.report().read_paths["one file"] >= one_file.report().batches > 1
+    assert fastdata.profile(SleepyLoader(2, wait=0.0)).report().read_paths is None  # not a fastdata loader
