@@ -2,23 +2,27 @@
 
 Run through benchmarks/run.py (``--only scale``).
 
-1. Bigger than the page cache. An ImageNet-like folder of ``scale_images``
-   (2,999; a prime) distinct photos is converted to a 64 px raw and a 224 px
-   jpeg shard folder, then grown by copies of that shard, relabelled so that
-   the whole dataset is sorted by class (1000 classes of equal size), to
-   ``scale_raw_bytes`` (6 GB) and ``scale_jpeg_bytes`` (3 GB). Every row runs
-   in a fresh process inside a memory cgroup of ``scale_cache_limit``
-   (1.5 GB, its RSS included: see NOTE [bounded page cache] in
-   fastdata/measure/pagecache.py), after the files are evicted: the
-   sequential read of the shard files (the limit), then make_loader with
-   shuffle "uniform" and "block" for ``scale_seconds``. Disk bytes from
-   /proc/diskstats, residency after the row by mincore. The jpeg rows are
-   compared with the same loader over the same files, cached (NOTE
-   [cached baseline]).
-2. DDP on CPU: gloo process groups of 1-4 ranks (spawned) over the 2,999
-   samples of the 64 px raw folder, global batch 252, remainder "pad", 3
-   epochs, an all_reduce of each step's multiset hash of the global batch;
-   a run that passes its timeout is killed and reported as a hang.
+1. Bigger than the page cache. ImageNet-like ImageFolders of 1000 classes
+   (hard links to 3000 varied photos, each class folder other photos) are
+   converted by ``fastdata convert`` (convert_imagefolder, default 64 MiB
+   shards) to 64 px raw folders of ``scale_raw_images`` (400,000: 4.9 GB,
+   3x the cgroup) in HDF5 and Arrow and a 224 px jpeg folder of
+   ``scale_jpeg_images`` (280,000: 2.5 GB, 1.5x) in HDF5 (jpeg in Arrow
+   too with --quick), sorted by class as an ImageFolder converts (NOTE
+   [converted folders]). Every row runs in a fresh process inside a memory
+   cgroup of ``scale_cache_limit`` (1.5 GB, its RSS included: see NOTE
+   [bounded page cache] in fastdata/measure/pagecache.py), after the files
+   are evicted: the sequential read of the shard files (the limit), then
+   make_loader with shuffle "uniform" and "block" for ``scale_seconds``,
+   each with the batches it read by each path (``read_paths``) and the
+   FastPathWarnings it gave. Disk bytes from /proc/diskstats, residency
+   after the row by mincore. The jpeg rows are compared with the same
+   loader over the same files, cached (NOTE [cached baseline]).
+2. DDP on CPU: gloo process groups of 1-4 ranks (spawned) over a converted
+   64 px raw folder of 2,999 samples (a prime) in 5 shards, global batch
+   252, remainder "pad", 3 epochs, an all_reduce of each step's multiset
+   hash of the global batch; a run that passes its timeout is killed and
+   reported as a hang.
 3. Resume and order at 10^7 and 10^8 samples, on an in-memory stand-in
    (``IndexDataset``: len and read_batch returning the indices), in fresh
    processes: time from load_state_dict at 90% of an epoch to the first
@@ -34,24 +38,29 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
+import warnings
 
 import numpy as np
 
 from fastdata.measure.tables import markdown_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FULL = {"scale_images": 2999, "scale_raw_bytes": 6 << 30, "scale_jpeg_bytes": 3 << 30,
-        "scale_cache_limit": 1536 << 20, "scale_seconds": 15.0, "scale_order_samples": (10**7, 10**8),
+FULL = {"scale_raw_images": 400_000, "scale_jpeg_images": 280_000, "scale_classes": 1000, "scale_distinct": 3000,
+        "scale_shard_bytes": None, "scale_folders": (("raw", "hdf5"), ("raw", "arrow"), ("jpeg", "hdf5")),
+        "scale_ddp_images": 2999, "scale_ddp_shard_bytes": 8 << 20, "scale_cache_limit": 1536 << 20,
+        "scale_seconds": 15.0, "scale_order_samples": (10**7, 10**8),
         "scale_world_sizes": ((1, 0), (2, 0), (3, 0), (4, 0), (1, 2), (3, 1)), "scale_epochs": 3}
-QUICK = {"scale_images": 61, "scale_raw_bytes": 16 << 20, "scale_jpeg_bytes": 8 << 20, "scale_cache_limit": 512 << 20,
-         "scale_seconds": 1.0, "scale_order_samples": (10**5, 10**6), "scale_world_sizes": ((1, 0), (2, 0)),
-         "scale_epochs": 2}
+QUICK = {"scale_raw_images": 1200, "scale_jpeg_images": 600, "scale_classes": 50, "scale_distinct": 61,
+         "scale_shard_bytes": 2 << 20, "scale_folders": (*FULL["scale_folders"], ("jpeg", "arrow")),
+         "scale_ddp_images": 61,
+         "scale_ddp_shard_bytes": 256 << 10, "scale_cache_limit": 512 << 20, "scale_seconds": 1.0,
+         "scale_order_samples": (10**5, 10**6), "scale_world_sizes": ((1, 0), (2, 0)), "scale_epochs": 2}
+SIZES = {"raw": 64, "jpeg": 224}  # pixels a side per storage
 BATCH = 256
 DDP_BATCH = 252  # a global batch every world size of 1-4 divides
 DDP_TIMEOUT = 180  # seconds a whole DDP run may take before it counts as a hang
 RESUME_AT = 0.9
-TARGETS = {"block_vs_limit": 0.8, "block_amplification": 1.1, "uniform_amplification": 1.5,
+TARGETS = {"block_vs_limit": 0.9, "block_amplification": 1.1, "uniform_amplification": 1.5,
            "uniform_vs_random": 1.0, "jpeg_vs_cached": 0.9, "class_mix": 0.9, "resume_seconds": 1.0}
 SHUFFLES = ("uniform", "block")
 
@@ -69,8 +78,8 @@ def run(config, fresh=None):
     os.makedirs(workdir, exist_ok=True)
     data = datasets(workdir, conf, config["seed"])
     results = {"settings": {key: value for key, value in conf.items()}, "data": data}
-    results["cache"] = [cache_rows(data[kind], conf, workdir) for kind in ("raw", "jpeg")]
-    results["ddp"] = ddp_rows(data["raw"]["base"], conf, workdir)
+    results["cache"] = [cache_rows(data[key], conf, workdir) for key in data if key != "ddp"]
+    results["ddp"] = ddp_rows(data["ddp"]["path"], conf, workdir)
     results["order"] = order_rows(conf)
     results["targets"] = summarize(results)
     results["text"] = text(results)
@@ -81,105 +90,87 @@ def run(config, fresh=None):
 
 
 def datasets(workdir, conf, seed):
-    """Return, for "raw" (64 px) and "jpeg" (224 px), the base shard folder and the grown one, made unless cached."""
-    from benchmarks.sections.shards import source
+    """Return the shard folders ``fastdata convert`` wrote: one per ``scale_folders`` entry, and the DDP one.
 
-    src = source(workdir, conf["scale_images"], seed)
+    Keys "raw-hdf5", "jpeg-arrow", ... and "ddp"; each converted unless cached.
+    See NOTE [converted folders].
+    """
     data = {}
-    for kind, size, target in (("raw", 64, conf["scale_raw_bytes"]), ("jpeg", 224, conf["scale_jpeg_bytes"])):
-        base = convert_base(src, workdir, size, kind)
-        data[kind] = {"size": size, "storage": kind, "base": base, **grow(base, workdir, target)}
+    for storage, container in conf["scale_folders"]:
+        src = photos(workdir, conf[f"scale_{storage}_images"], conf, seed)
+        data[f"{storage}-{container}"] = converted(src, workdir, storage, container, conf["scale_shard_bytes"])
+    src = photos(workdir, conf["scale_ddp_images"], conf, seed)
+    data["ddp"] = converted(src, workdir, "raw", "hdf5", conf["scale_ddp_shard_bytes"])
     return data
 
 
-def convert_base(src, workdir, size, storage):
-    """Convert the source to a shard folder of one shard at ``size``/``storage`` unless cached; return its path."""
+# NOTE [converted folders]: every folder here is what "fastdata convert"
+# writes from an ImageNet-like ImageFolder (benchmarks.inputs.imagenet_like:
+# ``scale_classes`` class folders of equal size, hard links to
+# ``scale_distinct`` varied photos, so each class folder holds other photos
+# and the source costs no disk); the converter decodes and resizes every
+# image. An ImageFolder converts in class order, so the data is sorted by
+# class: a block shuffle's worst case for its class mix. Until 2026-11-26
+# the folders were copies of one converted shard, relabelled, whose column
+# offsets were all equal; in a folder the converter writes, shard 0's
+# header differed and the block reader fell back, unseen, to 0.035x of the
+# disk (issue 25). Converting takes most of a full run's first time (4,000
+# images on 2 quiet cores: 64 px raw 580 img/s, 224 px jpeg 220 img/s; a
+# jpeg image costs 2.6 raw ones), so the raw folders hold 400,000 images
+# (4.9 GB, 3x the 1.6 GB cgroup) and the jpeg ones 280,000 (2.5 GB, 1.5x;
+# the grown jpeg folder was 3.2 GB, 2x): what converts within the hour on
+# 2 shared cores.
+
+
+def photos(workdir, num_images, conf, seed):
+    """Return the facts of the ImageNet-like source folder of ``num_images`` (see NOTE [converted folders])."""
+    from benchmarks import inputs
+
+    params, root, seconds = inputs.imagenet_like(workdir, num_images, min(conf["scale_classes"], num_images),
+                                                 min(conf["scale_distinct"], num_images), seed)
+    return {**params, "root": root, "generate_seconds": seconds}
+
+
+def converted(src, workdir, storage, container, shard_bytes):
+    """Convert ``src`` to a shard folder of ``storage`` in ``container`` unless cached; return its facts."""
     from benchmarks.inputs import _cached
     from fastdata import convert_imagefolder
+    from fastdata.formats import column_offsets
+    from fastdata.formats.shards import read_index
 
-    out = os.path.join(workdir, f"base-{size}-{storage}-{src['num_images']}")
-    params = {"source": src["root"], "num_images": src["num_images"], "size": size, "storage": storage}
+    size = SIZES[storage]
+    out = os.path.join(workdir, f"{size}-{storage}-{container}-{src['num_images']}")
+    params = {"source": src["root"], "num_images": src["num_images"], "classes": src["classes"],
+              "distinct": src["distinct"], "size": size, "storage": storage, "format": container,
+              "shard_bytes": shard_bytes}
     folder = os.path.join(out, "data")
 
     def make():
         os.makedirs(out)
-        convert_imagefolder(src["root"], folder, size=size, storage=storage, shard_size=1 << 40, workers=2,
-                            overwrite=True, progress=False)
+        convert_imagefolder(src["root"], folder, size=size, storage=storage, format=container,
+                            shard_size=shard_bytes, workers=2, overwrite=True, progress=False)
 
-    _cached(out, params, make)
-    return folder
-
-
-def grow(base, workdir, target_bytes):
-    """Write copies of ``base``'s one shard, relabelled class-sorted, to a folder of ``target_bytes``; return facts.
-
-    See NOTE [grown copies].
-    """
-    from benchmarks.inputs import _cached
-    from fastdata.formats.shards import read_index
-
-    index = read_index(base)
-    copies = max(1, -(-target_bytes // int(index.sizes[0])))
-    out = os.path.join(workdir, f"grown-{os.path.basename(os.path.dirname(base))}-{copies}")
-    params = {"base": base, "base_crc32": index.checksums[0], "copies": copies}
-    folder = os.path.join(out, "data")
-    seconds = _cached(out, params, lambda: write_copies(index, folder, copies))
-    grown = read_index(folder)
-    return {"path": folder, "copies": copies, "num_samples": grown.num_samples, "bytes": int(grown.sizes.sum()),
-            "sample_bytes": int(grown.sizes.sum()) / grown.num_samples, "grow_seconds": seconds,
-            "paths": [grown.path(shard) for shard in range(grown.num_shards)]}
-
-
-# NOTE [grown copies]: converting 500,000 images to a 6 GB dataset takes
-# 10 minutes here; copying one converted shard takes seconds. Each copy is
-# the same bytes but its labels: the whole dataset is relabelled so that
-# label = sample * classes // N (sorted by class, the worst case for a block
-# shuffle's class mix), rewritten in place in the HDF5 labels array (a
-# contiguous int64 column at a known offset) with its chunk checksums, and
-# the index gets each copy's crc32 and the class counts: "fastdata verify"
-# passes on it. The pixels repeat every 2,999 samples; no row
-# here depends on them.
-
-
-def write_copies(index, folder, copies):
-    """Write ``copies`` relabelled copies of ``index``'s only shard and their index into ``folder``."""
-    import h5py
-
-    from fastdata.formats.layout import chunk_checksums
-    from fastdata.formats.shards import shard_name, write_index
-
-    with h5py.File(index.path(0), "r") as f:
-        offset, count = f["labels"].id.get_offset(), len(f["labels"])
-        sums_at, num_sums = f["checksums/labels"].id.get_offset(), len(f["checksums/labels"])
-        chunk_bytes = json.loads(f.attrs["fastdata"])["checksums"]["chunk_bytes"]
-    with open(index.path(0), "rb") as f:
-        data = bytearray(f.read())
-    total, classes = count * copies, len(index.metadata["classes"])
-    labels = np.frombuffer(data, dtype=np.int64, count=count, offset=offset)  # views: writes go into ``data``
-    sums = np.frombuffer(data, dtype=np.uint32, count=num_sums, offset=sums_at)
-    os.makedirs(folder)  # and its parent, which _cached removed
-    shards = []
-    for copy in range(copies):
-        labels[:] = np.arange(copy * count, (copy + 1) * count, dtype=np.int64) * classes // total
-        sums[:] = chunk_checksums(labels, chunk_bytes)
-        name = shard_name(copy, "hdf5")
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(data)
-        shards.append({"name": name, "num_samples": count, "bytes": len(data), "crc32": f"{zlib.crc32(data):08x}"})
-    counts = np.bincount(np.arange(total, dtype=np.int64) * classes // total, minlength=classes)
-    metadata = {**index.metadata, "num_samples": total, "class_counts": counts.tolist()}
-    write_index(folder, "hdf5", metadata, {**index.settings, "grown_copies": copies}, shards)
+    seconds = _cached(out, params, make)
+    index = read_index(folder)
+    paths = [index.path(shard) for shard in range(index.num_shards)]
+    offsets = [column_offsets(path)[0] for path in paths]  # where each shard's samples start
+    return {"size": size, "storage": storage, "format": container, "path": folder, "source": src["root"],
+            "classes": src["classes"], "distinct": src["distinct"], "num_samples": index.num_samples,
+            "num_shards": index.num_shards, "bytes": int(index.sizes.sum()),
+            "sample_bytes": int(index.sizes.sum()) / index.num_samples, "convert_seconds": seconds,
+            "sample_offsets": sorted(set(offsets)), "paths": paths}
 
 
 # ---------------------------------------------------------------- bigger than the page cache
 
 
 def cache_rows(data, conf, workdir):
-    """Measure a grown dataset in a cgroup: the sequential limit, the block shuffle, the limit again, uniform."""
+    """Measure a converted folder in a cgroup: the sequential limit, the block shuffle, the limit again, uniform."""
     from fastdata.measure.pagecache import cgroup_problem
 
     problem = cgroup_problem()
-    facts = {key: data[key] for key in ("size", "storage", "num_samples", "bytes", "sample_bytes", "copies")}
+    facts = {key: data[key] for key in ("size", "storage", "format", "num_samples", "num_shards", "bytes",
+                                        "sample_bytes", "classes", "sample_offsets")}
     if problem:
         return {**facts, "skipped": f"not measured: {problem}"}
     seconds = conf["scale_seconds"]
@@ -197,14 +188,14 @@ def cache_rows(data, conf, workdir):
 
 
 # NOTE [cached baseline]: the jpeg rows from disk are compared with the same
-# loader over the same grown folder read whole into the page cache first,
+# loader over the same folder read whole into the page cache first,
 # outside the cgroup (3.2 GB of 24 GiB; residency after the row by mincore).
 # Until 2026-11-24 the baseline was the base folder's one shard: 2,999
 # images, 26 MB of JPEG that stay in the CPU's 32 MB L3 cache, one part per
 # batch instead of ~120. On the same machine a minute apart (7.5 s each):
 # one shard 11,708 / 11,607 img/s uniform, 11,674 block; the grown folder
 # cached 10,949 / 10,944 uniform, 11,227 block. The disk rows read the
-# grown folder, so only where its bytes come from may differ.
+# same folder, so only where its bytes come from may differ.
 
 
 # NOTE [first batch apart]: a loader's img/s counts from its first batch on,
@@ -317,8 +308,14 @@ def measure_random(args):
 
 
 def measure_loader(args):
-    """Read shuffled batches of the dataset for ``seconds`` after evicting its files; return rate, I/O and class mix."""
+    """Read shuffled batches of the dataset for ``seconds`` after evicting its files; return rate, I/O and class mix.
+
+    Also the batches it read by each path (``dataset.read_paths()``) and the
+    FastPathWarnings given: see NOTE [no silent fallbacks] in
+    fastdata/loading/readpaths.py.
+    """
     from fastdata import make_loader, open_dataset
+    from fastdata.errors import FastPathWarning
     from fastdata.measure.engine import close_loader
     from fastdata.measure.pagecache import ReadCounter, sequential_read
 
@@ -327,30 +324,44 @@ def measure_loader(args):
     if args.get("warm"):
         sequential_read(dataset.shard_paths)
     counter = ReadCounter(dataset.shard_paths[0]).start()
-    started = time.perf_counter()
-    loader = make_loader(dataset, BATCH, shuffle=args["shuffle"], seed=0)  # block: block_settings(dataset)
-    count, mixes, first = 0, [], None
-    while time.perf_counter() - started < args["max_seconds"]:  # epochs, as many as fit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FastPathWarning)
+        started = time.perf_counter()
+        loader = make_loader(dataset, BATCH, shuffle=args["shuffle"], seed=0)  # block: block_settings(dataset)
+        count, mixes, first, first_count = _read_for(loader, args["max_seconds"], started)
+        seconds = time.perf_counter() - started
+        disk, process = counter.stop()
+        close_loader(loader)
+    sample_bytes = count * args["sample_bytes"]
+    order = loader.sampler.describe() if hasattr(loader.sampler, "describe") else None
+    if order is not None and loader.sampler.readahead is not None:  # see NOTE [window reads] in windows.py
+        order["windows_read_whole"] = getattr(loader.sampler.readahead, "windows", None) is not None
+    return {"drop": drop, "samples": count, "batches": len(mixes), "seconds": seconds,
+            "end_to_end_samples_per_s": count / seconds,
+            "samples_per_s": (count - first_count) / (seconds - first) if count > first_count else count / seconds,
+            "first_batch_seconds": first, "disk_bytes": disk, "process_bytes": process,
+            "amplification": process / sample_bytes, "device_amplification": disk / sample_bytes,
+            "classes_per_batch": float(np.mean(mixes)), "order": order, "read_paths": dataset.read_paths(),
+            "fast_path_warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)],
+            "resident_after": _residency(args["paths"])}
+
+
+def _read_for(loader, max_seconds, started):
+    """Take batches from ``loader`` (epochs, as many as fit) until ``max_seconds`` after ``started``.
+
+    Returns ``(samples, distinct labels per batch, seconds to the first batch, samples of the first batch)``.
+    """
+    count, mixes, first, first_count = 0, [], None, 0
+    while time.perf_counter() - started < max_seconds:
         for batch in loader:
             labels = batch[-1].numpy()
             count += len(labels)
             mixes.append(len(np.unique(labels)))
             if first is None:  # see NOTE [first batch apart]
                 first, first_count = time.perf_counter() - started, count
-            if time.perf_counter() - started >= args["max_seconds"]:
+            if time.perf_counter() - started >= max_seconds:
                 break
-    seconds = time.perf_counter() - started
-    disk, process = counter.stop()
-    close_loader(loader)
-    sample_bytes = count * args["sample_bytes"]
-    order = loader.sampler.describe() if hasattr(loader.sampler, "describe") else None
-    if order is not None and loader.sampler.readahead is not None:  # see NOTE [window reads] in windows.py
-        order["windows_read_whole"] = getattr(loader.sampler.readahead, "windows", None) is not None
-    return {"drop": drop, "samples": count, "seconds": seconds, "end_to_end_samples_per_s": count / seconds,
-            "samples_per_s": (count - first_count) / (seconds - first) if count > first_count else count / seconds,
-            "first_batch_seconds": first, "disk_bytes": disk, "process_bytes": process,
-            "amplification": process / sample_bytes, "device_amplification": disk / sample_bytes,
-            "classes_per_batch": float(np.mean(mixes)), "order": order, "resident_after": _residency(args["paths"])}
+    return count, mixes, first, first_count
 
 
 # ---------------------------------------------------------------- DDP on CPU
@@ -550,10 +561,10 @@ def summarize(results):
         limits = [row["samples_per_s"] for row in done if row["what"] == "limit"]
         rows["limit"] = float(np.mean(limits)) if limits else None
         rows["random"] = next((row["samples_per_s"] for row in done if row["what"] == "random"), None)
-        name = f"scale {data['size']}px {data['storage']}, {data['bytes'] / 1e9:.1f} GB in a " \
+        name = f"scale {data['size']}px {data['storage']} {data['format']}, {data['bytes'] / 1e9:.1f} GB in a " \
                f"{data.get('limit_bytes', 0) / 1e9:.1f} GB cgroup"
         if data["storage"] == "raw":
-            targets += raw_targets(name, rows)
+            targets += raw_targets(name, rows, data["bytes"] > data.get("limit_bytes", 0))
         cached = {row["shuffle"]: row for row in data.get("cached", []) if "skipped" not in row}
         for shuffle in SHUFFLES:
             if shuffle in rows and shuffle in cached:
@@ -579,11 +590,16 @@ def summarize(results):
     return targets
 
 
-def raw_targets(name, rows):
-    """Return the 64 px raw targets: block vs the sequential limit, amplification, uniform rate, class mix."""
+def raw_targets(name, rows, bigger):
+    """Return the 64 px raw targets: windows read, block vs the sequential limit, amplification, uniform, class mix.
+
+    ``bigger``: the data is bigger than the cgroup, so its block order reads windows whole.
+    """
     targets = []
     limit = rows.get("limit")  # img/s: the mean of the readings before and after the shuffles
     block, uniform = rows.get("block"), rows.get("uniform")
+    if block and bigger:
+        targets.append(window_target(name, block))
     if block and limit:
         targets.append(_target(f"{name}: block shuffle vs the sequential-read limit",
                                block["samples_per_s"] / limit, TARGETS["block_vs_limit"],
@@ -610,6 +626,18 @@ def raw_targets(name, rows):
     return targets
 
 
+def window_target(name, block):
+    """Return the target that the block row read every batch past its first window from windows read whole."""
+    paths, order = block["read_paths"], block["order"] or {}
+    total = sum(paths.values())
+    first = -(-order.get("block_size", 0) * order.get("window", 0) // BATCH)  # batches of the first window
+    other = max(0, total - paths.get("windows", 0) - first)
+    warned = "; ".join(block["fast_path_warnings"]) or "none"
+    return _target(f"{name}: block shuffle batches past the first window not read from windows read whole",
+                   other, 0, f"windows {paths.get('windows', 0):,} of {total:,} batches (the first window: {first:,} "
+                   f"batches); FastPathWarning: {warned}", at_least=False, unit="batches")
+
+
 def _target(name, value, threshold, info, at_least=True, unit=None):
     target = {"name": name, "value": value, "threshold": threshold, "at_least": at_least, "info": info}
     return {**target, "unit": unit} if unit else target
@@ -620,11 +648,14 @@ def text(results):
     conf = results["settings"]
     parts = ["## Scale: data bigger than the page cache, DDP on CPU, resume and order at 10^7-10^8 samples", ""]
     for data in results["cache"]:
-        parts += [cache_title(data), "", cache_table(data), ""]
-    parts += [CACHE_NOTE.format(limit=conf["scale_cache_limit"] / 1e9, images=conf["scale_images"],
-                                seconds=conf["scale_seconds"]), ""]
+        warned = cache_warnings(data)
+        parts += [cache_title(data), "", cache_table(data), "", *warned, *([""] if warned else [])]
+    parts += [CACHE_NOTE.format(limit=conf["scale_cache_limit"] / 1e9, classes=conf["scale_classes"],
+                                distinct=conf["scale_distinct"], seconds=conf["scale_seconds"]), ""]
+    ddp = results["data"]["ddp"]
     parts += [ddp_table(results["ddp"]), "", DDP_NOTE.format(batch=DDP_BATCH, epochs=conf["scale_epochs"],
-                                                              timeout=DDP_TIMEOUT), ""]
+                                                              timeout=DDP_TIMEOUT, samples=ddp["num_samples"],
+                                                              shards=ddp["num_shards"]), ""]
     parts += [order_table(results["order"]), "", ORDER_NOTE.format(at=RESUME_AT, **BLOCK)]
     return "\n".join(parts)
 
@@ -633,9 +664,11 @@ CACHE_NOTE = (
     "Bigger than the page cache: each row runs in a fresh process inside a cgroup v1 memory group of "
     "{limit:.2f} GB (memory.limit_in_bytes; the page cache it faults in is charged to it, its RSS too: see NOTE "
     "[bounded page cache] in fastdata/measure/pagecache.py), the shard files evicted first (posix_fadvise "
-    "DONTNEED, checked by mincore). The datasets are {images:,} distinct ImageNet-like photos converted once, "
-    "then copies of that shard relabelled so that the dataset is sorted by class (NOTE [grown copies] in "
-    "benchmarks/sections/scale.py). Each row reads for {seconds:g} s. limit: the shard files read in order, "
+    "DONTNEED, checked by mincore). Every folder is what fastdata convert wrote (convert_imagefolder, 2 "
+    "processes) from an ImageNet-like ImageFolder of {classes:,} classes (hard links to {distinct:,} varied "
+    "photos, each class folder other photos), decoding and resizing every image; sorted by class as an "
+    "ImageFolder converts (NOTE [converted folders] in benchmarks/sections/scale.py). Each row reads for "
+    "{seconds:g} s. limit: the shard files read in order, "
     "4 MiB per read (img/s = bytes/s over the bytes per sample); random reads: one sample's bytes at a random "
     "offset per read (img/s = reads/s), after the uniform row (NOTE [random-read limit]). Loader rows: img/s "
     "from the first batch on, the time to that batch (opening the shards) apart (NOTE [first batch apart]). "
@@ -644,17 +677,20 @@ CACHE_NOTE = (
     "make_loader's default) over the bytes of the samples delivered (file bytes per sample); in brackets "
     "the same from /proc/diskstats, the whole device, other processes' reads included. "
     "Resident after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
-    "memory.max_usage_in_bytes. Block order: a window of raw rows is read whole with O_DIRECT into the "
-    "loader's memory, a task per shard, the next while batches are taken from the current one (NOTE [window "
-    "reads] in fastdata/loading/windows.py); jpeg rows through the memory map with kernel hints (NOTE [window "
-    "hints] in fastdata/loading/readahead.py). The 224 px jpeg rows are compared with the same loader over the "
+    "memory.max_usage_in_bytes. Block order: a window of raw rows (HDF5 or Arrow) is read whole with O_DIRECT "
+    "into the loader's memory, a task per shard, the next while batches are taken from the current one (NOTE "
+    "[window reads] in fastdata/loading/windows.py); jpeg rows through the memory map with kernel hints (NOTE "
+    "[window hints] in fastdata/loading/readahead.py). Read paths: the batches the row's process read by each "
+    "path, of all it read (dataset.read_paths(): windows read whole, stitched rows, a take per shard, one "
+    "file), with any FastPathWarning below the table (NOTE [no silent fallbacks] in "
+    "fastdata/loading/readpaths.py). The 224 px jpeg rows are compared with the same loader over the "
     "same files, read whole into the page cache first, outside the cgroup (NOTE [cached baseline]).")
 DDP_NOTE = (
     "DDP: torch.multiprocessing spawn, gloo on 127.0.0.1, global batch {batch} (batch_size {batch} / world "
-    "size), shuffle='uniform', remainder='pad', {epochs} epochs over the 64 px raw base dataset (a prime "
-    "number of samples); each step all_reduces a multiset hash of the global batch (per sample: blake2b of "
-    "the pixels and the label), so a rank short of a step would hang: a run is killed at {timeout} s. "
-    "samples/s per rank: end to end, with the hashing and the all_reduce, on 2 shared cores.")
+    "size), shuffle='uniform', remainder='pad', {epochs} epochs over a converted 64 px raw folder of "
+    "{samples:,} samples (a prime) in {shards} shards; each step all_reduces a multiset hash of the global "
+    "batch (per sample: blake2b of the pixels and the label), so a rank short of a step would hang: a run is "
+    "killed at {timeout} s. samples/s per rank: end to end, with the hashing and the all_reduce, on 2 shared cores.")
 ORDER_NOTE = (
     "Resume and order: make_loader over an in-memory stand-in (len and read_batch returning the indices), "
     "each row in a fresh process. first batch: make_loader and its first batch, with the tracemalloc peak of "
@@ -664,10 +700,22 @@ ORDER_NOTE = (
 
 
 def cache_title(data):
+    what = f"{data['size']} px {data['storage']}, {data['format']}"
     if "skipped" in data:
-        return f"{data['size']} px {data['storage']}: {data['skipped']}"
-    return (f"{data['size']} px {data['storage']}: {data['num_samples']:,} samples, {data['bytes'] / 1e9:.2f} GB "
-            f"({data['copies']} copies of one shard), read inside a {data['limit_bytes'] / 1e9:.2f} GB memory cgroup")
+        return f"{what}: {data['skipped']}"
+    offsets = ", ".join(f"{offset:,}" for offset in data["sample_offsets"])
+    return (f"{what}: {data['num_samples']:,} samples of {data['classes']:,} classes, {data['bytes'] / 1e9:.2f} GB "
+            f"in {data['num_shards']} shards written by fastdata convert (samples at byte {offsets} of each "
+            f"shard), read inside a {data['limit_bytes'] / 1e9:.2f} GB memory cgroup")
+
+
+def cache_warnings(data):
+    """Return a line per FastPathWarning message a row of ``data`` gave (none: no lines)."""
+    lines = []
+    for row in [*data.get("rows", []), *data.get("cached", [])]:
+        what = row.get("shuffle", row["what"]) + (", all cached" if row.get("warm") else "")
+        lines += [f"- FastPathWarning ({what}): {message}" for message in row.get("fast_path_warnings", [])]
+    return lines
 
 
 def cache_table(data):
@@ -677,7 +725,7 @@ def cache_table(data):
         what = row.get("shuffle") or limits[row["what"]]
         what += ", all cached" if row.get("warm") else ""
         if "skipped" in row:
-            body.append((what, row["skipped"][:200], *["-"] * 7))
+            body.append((what, row["skipped"][:200], *["-"] * 8))
             continue
         cgroup = row.get("cgroup")
         first = row.get("first_batch_seconds")
@@ -687,16 +735,24 @@ def cache_table(data):
                      f"{row['classes_per_batch']:.1f}" if "classes_per_batch" in row else "-",
                      f"{row['resident_after']:.2f}" if row.get("resident_after") is not None else "-",
                      f"{cgroup['max_usage'] / 1e9:.2f}" if cgroup else "-",
-                     _order_text(row.get("order"))))
+                     _paths_text(row.get("read_paths")), _order_text(row.get("order"))))
     headers = ["read", "img/s", "MB/s", "first batch s", "amplification (device)", "classes / batch",
-               "resident after", "cgroup peak GB", "block order"]
-    return markdown_table(headers, body, "lrrrrrrrl")
+               "resident after", "cgroup peak GB", "read paths", "block order"]
+    return markdown_table(headers, body, "lrrrrrrrll")
+
+
+def _paths_text(paths):
+    if not paths:
+        return "-"
+    total = sum(paths.values())
+    return ", ".join(f"{name} {count:,}/{total:,}" for name, count in paths.items() if count) or "none"
 
 
 def _order_text(order):
     if not order or order["shuffle"] != "block":
         return "-"
-    how = "read whole (O_DIRECT)" if order.get("windows_read_whole") else "kernel hints"
+    how = {True: "read whole (O_DIRECT)", False: "kernel hints", None: "no read-ahead (fits the cache)"}[
+        order.get("windows_read_whole")]
     return f"blocks of {order['block_size']} samples, windows of {order['window']} blocks, {how}"
 
 

@@ -1,5 +1,6 @@
-"""The scale section of the benchmark suite, run small: grown datasets, bounded-cache rows, DDP groups, resume."""
+"""The scale section of the benchmark suite, run small: converted folders, bounded-cache rows, DDP groups, resume."""
 
+import hashlib
 import math
 import os
 import sys
@@ -17,12 +18,16 @@ sys.path.insert(0, str(REPO))  # the suite imports as benchmarks.*, shadowing no
 from benchmarks import report  # noqa: E402
 from benchmarks.sections import scale  # noqa: E402
 from fastdata import open_dataset  # noqa: E402
+from fastdata.formats.shards import read_index  # noqa: E402
 from fastdata.measure.pagecache import cgroup_problem  # noqa: E402
 from fastdata.verify import verify  # noqa: E402
 
-SMALL = {"quick": True, "seed": 0, "scale_images": 61, "scale_raw_bytes": 6 << 20, "scale_jpeg_bytes": 3 << 20,
-         "scale_cache_limit": 512 << 20, "scale_seconds": 0.5, "scale_order_samples": (10**5, 10**6),
-         "scale_world_sizes": ((1, 0), (2, 0), (3, 1)), "scale_epochs": 2}
+SMALL = {"quick": True, "seed": 0, "scale_raw_images": 700, "scale_jpeg_images": 300, "scale_classes": 20,
+         "scale_distinct": 61, "scale_shard_bytes": 1 << 20, "scale_folders": scale.QUICK["scale_folders"],
+         "scale_ddp_images": 61, "scale_ddp_shard_bytes": 256 << 10, "scale_cache_limit": 512 << 20,
+         "scale_seconds": 0.5, "scale_order_samples": (10**5, 10**6), "scale_world_sizes": ((1, 0), (2, 0), (3, 1)),
+         "scale_epochs": 2}
+FOLDERS = ["raw-hdf5", "raw-arrow", "jpeg-hdf5", "jpeg-arrow"]
 
 
 @pytest.fixture(scope="module")
@@ -35,23 +40,39 @@ def data(workdir):
     return scale.datasets(os.path.join(workdir, "scale"), scale.settings(SMALL), 0)
 
 
-def test_the_grown_datasets_are_copies_sorted_by_class_that_verify_passes(data):
-    for kind in ("raw", "jpeg"):
-        grown, base = open_dataset(data[kind]["path"]), open_dataset(data[kind]["base"])
-        count, copies = len(base), data[kind]["copies"]
-        assert len(grown) == count * copies == data[kind]["num_samples"] and copies > 1
-        labels = grown.labels
-        assert np.all(np.diff(labels) >= 0) and len(np.unique(labels)) == len(base.classes)
-        assert grown.metadata["class_counts"] == np.bincount(labels).tolist()
-        again = grown.read_batch(np.array([3, count + 3, (copies - 1) * count + 3]))[0]
-        assert all(np.array_equal(again[k].numpy(), base.read_batch(np.array([3]))[0][0].numpy()) for k in range(3))
-        assert verify(data[kind]["path"]).ok, verify(data[kind]["path"]).problems
-        assert data[kind]["bytes"] >= SMALL[f"scale_{kind}_bytes"] and data[kind]["paths"] == grown.shard_paths
+def test_every_folder_is_converter_output_of_several_shards_of_varied_photos_sorted_by_class(data):
+    assert list(data) == [*FOLDERS, "ddp"]
+    for key in FOLDERS:
+        facts, storage = data[key], key.split("-")[0]
+        dataset, index = open_dataset(facts["path"]), read_index(facts["path"])
+        assert len(dataset) == facts["num_samples"] == SMALL[f"scale_{storage}_images"]
+        assert index.num_shards == facts["num_shards"] > 1 and facts["paths"] == dataset.shard_paths
+        assert index.settings["source"] == facts["source"] and index.settings["format"] == key.split("-")[1]
+        labels = dataset.labels  # an ImageFolder converts in class order
+        assert np.all(np.diff(labels) >= 0) and len(np.unique(labels)) == SMALL["scale_classes"]
+        assert dataset.metadata["class_counts"] == np.bincount(labels).tolist()
+        images = dataset.read_batch(np.arange(len(dataset)))[0].numpy()
+        digests = {hashlib.blake2b(image.tobytes(), digest_size=8).digest() for image in images}
+        assert len(digests) == SMALL["scale_distinct"]  # each linked photo decoded and resized, none alike
+        assert verify(facts["path"]).ok, verify(facts["path"]).problems
+    assert data["ddp"]["num_samples"] == SMALL["scale_ddp_images"] and data["ddp"]["num_shards"] > 1
 
 
-def test_grown_datasets_are_made_once(data, workdir):
+def test_converted_folders_are_made_once(data, workdir):
     again = scale.datasets(os.path.join(workdir, "scale"), scale.settings(SMALL), 0)
-    assert again["raw"]["grow_seconds"] is None and again["raw"]["path"] == data["raw"]["path"]
+    assert all(again[key]["convert_seconds"] is None and again[key]["path"] == data[key]["path"] for key in again)
+
+
+def test_the_window_target_fails_when_a_block_row_past_its_first_window_was_not_read_from_windows():
+    order = {"shuffle": "block", "block_size": 21, "window": 1024}  # 84 batches of 256 a window
+    block = {"shuffle": "block", "order": order, "fast_path_warnings": [],
+             "read_paths": {"windows": 200, "stitched": 0, "by shard": 84, "one file": 0}}
+    passed = report.finish(scale.window_target("t", block), "scale")
+    assert passed["pass"] and passed["value"] == 0 and "windows 200 of 284" in passed["info"]
+    block.update(read_paths={"windows": 0, "stitched": 0, "by shard": 284, "one file": 0},
+                 fast_path_warnings=["cannot"])
+    failed = report.finish(scale.window_target("t", block), "scale")
+    assert not failed["pass"] and failed["value"] == 200 and "FastPathWarning: cannot" in failed["info"]
 
 
 @settings(max_examples=30, deadline=None)
@@ -70,7 +91,7 @@ def test_the_batch_digest_is_the_same_however_the_batch_is_split(count, draw):
 
 def test_a_ddp_run_past_its_timeout_is_killed_with_its_ranks_and_called_a_hang(data, workdir, monkeypatch):
     monkeypatch.setattr(scale, "DDP_TIMEOUT", 2)  # the ranks are still starting torch
-    row = scale.ddp_run({"what": "ddp", "path": data["raw"]["base"], "world_size": 2, "num_workers": 0,
+    row = scale.ddp_run({"what": "ddp", "path": data["ddp"]["path"], "world_size": 2, "num_workers": 0,
                          "epochs": 1, "out": os.path.join(workdir, "hang.json")})
     assert row["hang"] and 2 <= row["seconds"] < 30
     for _ in range(50):  # the ranks, orphaned by the driver's death, are reaped by init
@@ -91,6 +112,7 @@ def section(workdir, data):
 @pytest.mark.slow
 @pytest.mark.skipif(cgroup_problem() is not None, reason=f"no memory cgroup: {cgroup_problem()}")
 def test_bounded_rows_read_evicted_files_from_disk_inside_the_cgroup(section):
+    assert [(data["storage"], data["format"]) for data in section["cache"]] == list(SMALL["scale_folders"])
     for data in section["cache"]:
         rows = data["rows"] + data["cached"]
         assert [row.get("shuffle", row["what"]) for row in data["rows"]] == ["limit", "block", "limit", "uniform",
@@ -105,12 +127,27 @@ def test_bounded_rows_read_evicted_files_from_disk_inside_the_cgroup(section):
             assert row["samples_per_s"] > 0 and row["process_bytes"] >= 0.9 * distinct  # evicted: read from disk
         for row in data["rows"][1::2]:  # the loaders: img/s from the first batch on (NOTE [first batch apart])
             assert 0 < row["first_batch_seconds"] < row["seconds"] and row["end_to_end_samples_per_s"] > 0
-        for row in data["rows"][1::2]:
-            assert 1 <= row["classes_per_batch"] <= min(scale.BATCH, 61) and row["order"]["shuffle"] == row["shuffle"]
+            assert 1 <= row["classes_per_batch"] <= min(scale.BATCH, SMALL["scale_classes"])
+            assert row["order"]["shuffle"] == row["shuffle"]
             assert row["process_bytes"] <= row["disk_bytes"] * 1.01  # the device counts every process
         assert [row["warm"] for row in data["cached"]] == ([True, True] if data["storage"] == "jpeg" else [])
         for row in data["cached"]:  # the same files as the disk rows, every page cached (NOTE [cached baseline])
             assert row["path"] == data["rows"][1]["path"] and row["resident_after"] > 0.99
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cgroup_problem() is not None, reason=f"no memory cgroup: {cgroup_problem()}")
+def test_every_loader_row_counts_its_batches_by_read_path_and_takes_the_fast_one(section):
+    # The small folders fit in the cgroup, so no window is read: a raw batch is one take from the stitched rows of
+    # the shards (offsets as the converter wrote them), a jpeg batch a take per shard; no fast path gave up.
+    for data in section["cache"]:
+        for row in [*data["rows"][1::2], *data["cached"]]:
+            paths = row["read_paths"]
+            assert set(paths) == {"windows", "stitched", "by shard", "one file"}
+            assert sum(paths.values()) >= row["batches"] > 0 and row["fast_path_warnings"] == []
+            fast = "stitched" if data["storage"] == "raw" else "by shard"
+            assert paths[fast] == sum(paths.values()), (data["storage"], data["format"], row["shuffle"], paths)
+            assert f"{fast} {paths[fast]:,}/{paths[fast]:,}" in section["text"]
 
 
 @pytest.mark.slow
@@ -120,7 +157,7 @@ def test_every_world_size_and_worker_count_sees_the_same_global_batches(section)
     assert all(not row["hang"] and row["same_as_first"] for row in rows)
     assert len({row["steps_per_epoch"] for row in rows}) == 1
     for row in rows:
-        assert len(row["ranks"]) == row["world_size"]
+        assert len(row["ranks"]) == row["world_size"] and row["path"] == section["data"]["ddp"]["path"]
         assert {rank["steps"] for rank in row["ranks"]} == {row["steps_per_epoch"] * SMALL["scale_epochs"]}
 
 
@@ -141,3 +178,5 @@ def test_targets_are_finite_and_the_report_renders_them(section):
     assert all(math.isfinite(t["value"]) and isinstance(t["pass"], bool) for t in targets)
     text = section["text"]
     assert text.startswith("## Scale") and "| read" in text and "| ranks" in text and "| order" in text
+    assert "| read paths" in text and "written by fastdata convert" in text
+    assert not [t for t in targets if "first window" in t["name"]]  # the small folders fit: no windows to read
