@@ -407,13 +407,19 @@ class ShardStore:
     def _column_remainders(self, modulo):
         """Return the sample column offsets modulo ``modulo`` of the first, middle and last shards (local files).
 
-        Read without opening the shards (StitchedRows picks the most common; NOTE [stitched rows]); a cached
-        store's shards are not fetched for this: empty.
+        Read without opening the shards (StitchedRows picks the most common; NOTE [stitched rows]); a shard
+        that cannot be read so has no say (it is checked, and its damage reported, when it is opened); a
+        cached store's shards are not fetched for this: empty.
         """
         if self.cache is not None:
             return []
-        last = self.index.num_shards - 1
-        return [column_offsets(self._paths[shard])[0] % modulo for shard in sorted({0, last // 2, last})]
+        last, remainders = self.index.num_shards - 1, []
+        for shard in sorted({0, last // 2, last}):
+            try:
+                remainders.append(column_offsets(self._paths[shard])[0] % modulo)
+            except (OSError, ValueError, FormatError):  # pyarrow's ArrowInvalid is a ValueError
+                continue
+        return remainders
 
     def check_unchanged(self, shard, stat):
         """Raise FormatError unless ``stat`` of ``shard``'s file matches the fingerprint it was checked with.

@@ -120,7 +120,7 @@ class StitchedRows:
     def map(self, shard, column, path, remainders):
         """Map ``shard``'s rows (``column``, in the file ``path``) into its slot; return False where they cannot be."""
         self._own()
-        source = column.base if isinstance(column.base, np.memmap) else None  # a plain view of a memmap
+        source = next((array for array in (column, column.base) if isinstance(array, np.memmap)), None)  # or a view
         if not self.enabled or column.dtype != self.dtype or column.shape[1:] != self.row_shape:
             return self._disable(f"its rows are not {self.dtype} {list(self.row_shape)} like the first shard's")
         if len(column) != self._counts[shard]:

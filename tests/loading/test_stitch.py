@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from support import start_methods
 
 from fastdata import make_loader, open_dataset
-from fastdata.errors import FormatError
+from fastdata.errors import FastPathWarning, FormatError
+from fastdata.loading.readpaths import ReadPaths
 from fastdata.loading.stitch import StitchedRows
 
 
@@ -33,10 +34,10 @@ def per_item(dataset, indices):
     return images, torch.tensor([dataset[int(i)][1] for i in indices])
 
 
-@pytest.fixture
-def raw_folder(shard_converted):
-    """The converter's HDF5 raw shard folder: its sample columns sit at one page offset in every shard."""
-    return shard_converted("hdf5", "raw")
+@pytest.fixture(params=["hdf5", "arrow"])
+def raw_folder(shard_converted, request):
+    """The converter's raw shard folders: their sample columns sit at one page offset in every shard."""
+    return shard_converted(request.param, "raw")
 
 
 def test_a_batch_spanning_the_shards_of_a_converted_folder_is_one_stitched_take(raw_folder):
@@ -138,19 +139,24 @@ def test_mapped_slots_stay_bounded_over_epochs_with_few_open_shards(raw_folder):
         assert torch.equal(a, b) and torch.equal(a_labels, b_labels)
 
 
-def test_rows_at_other_page_offsets_turn_stitching_off(tmp_path):
-    rows = np.arange(4 * 12, dtype=np.uint8).reshape(4, 3, 2, 2)
+def test_rows_at_another_page_offset_are_read_into_their_slot_and_said_once(tmp_path):
+    rows = np.arange(7 * 12, dtype=np.uint8).reshape(7, 3, 2, 2)
     path = tmp_path / "rows.bin"
-    path.write_bytes(bytes(100) + rows.tobytes())
-    stitch = StitchedRows(np.array([4, 3]), (3, 2, 2), np.uint8)
-    assert stitch.map(0, np.memmap(path, np.uint8, "r", offset=100, shape=(4, 3, 2, 2)))
-    assert stitch.covers([0]) and np.array_equal(stitch.view[stitch.rows(np.zeros(4, np.int64), np.arange(4))], rows)
-    assert not stitch.map(1, np.memmap(path, np.uint8, "r", offset=112, shape=(3, 3, 2, 2)))  # another page offset
-    assert not stitch.enabled and not stitch.covers([0])
-    assert not StitchedRows(np.array([4]), (3, 2, 2), np.uint8).map(0, rows)  # not a file map
+    path.write_bytes(bytes(100) + rows[:4].tobytes() + bytes(8) + rows[4:].tobytes())
+    read_paths = ReadPaths()
+    stitch = StitchedRows(np.array([4, 3]), (3, 2, 2), np.uint8, read_paths)
+    first = np.memmap(path, np.uint8, "r", offset=100, shape=(4, 3, 2, 2))
+    assert stitch.map(0, first, path, lambda page: [100 % page, 100 % page, 156 % page])  # most shards: 100
+    with pytest.warns(FastPathWarning, match="shard 1 .* at byte 156, not at 100 .* read into memory"):
+        assert stitch.map(1, np.memmap(path, np.uint8, "r", offset=156, shape=(3, 3, 2, 2)), path, None)
+    assert stitch.enabled and stitch.covers([0, 1]) and set(read_paths.fallbacks) == {"stitch copies"}
+    shards, indices = np.array([0, 0, 1, 1, 1]), np.array([0, 3, 4, 5, 6])  # global indices
+    assert np.array_equal(stitch.view[stitch.rows(shards, indices)], rows[[0, 3, 4, 5, 6]])
+    with pytest.warns(FastPathWarning, match="not stitched into one array: its rows are not uint8 \\[3, 2, 2\\]"):
+        assert not StitchedRows(np.array([4]), (3, 2, 2), np.uint8, ReadPaths()).map(0, rows[:4, :2], path, None)
 
 
-@pytest.mark.parametrize("fmt, storage", [("arrow", "raw"), ("hdf5", "jpeg"), ("hdf5", "text")])
+@pytest.mark.parametrize("fmt, storage", [("arrow", "jpeg"), ("hdf5", "jpeg"), ("hdf5", "text")])
 def test_other_folders_read_part_by_part(shard_converted, fmt, storage):
     dataset = open_dataset(shard_converted(fmt, storage))
     parts = dataset._store.parts(np.arange(len(dataset)))
