@@ -8,12 +8,12 @@ benchmarks/sections/images.py); the classes sit at module level so that spawned
 DataLoader workers can unpickle them.
 """
 
-import multiprocessing
-import signal
 from functools import partial
 
 import numpy as np
 from PIL import Image
+
+from fastdata.measure.limits import ending_pool
 
 
 def load_resized(path, size):
@@ -76,7 +76,7 @@ class RawFolderListDataset(RawFolderDataset):
 
 def plain_pool(workers):
     """Return a ``multiprocessing.Pool`` of ``workers`` that SIGTERM ends (NOTE [forked SIGTERM] in limits.py)."""
-    return multiprocessing.Pool(workers, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_DFL))
+    return ending_pool(workers)
 
 
 def pool_decode(paths, size, workers):

@@ -115,9 +115,7 @@ class DecodeEpochs:
         data, offsets = memoryview(np.asarray(columns.samples)), np.asarray(columns.offsets).tolist()
         self._ranges = _split_ranges(len(offsets) - 1, 4 * workers)
         if processes:
-            methods = multiprocessing.get_all_start_methods()
-            context = multiprocessing.get_context("fork" if "fork" in methods else None)
-            self._pool = context.Pool(workers, initializer=_hold, initargs=(data, offsets))
+            self._pool = ending_pool(workers, _hold, (data, offsets))
             self._decode = _decode_held
         else:
             self._pool = ThreadPoolExecutor(workers, thread_name_prefix="fastdata-decode")
@@ -141,16 +139,41 @@ class DecodeEpochs:
         return False
 
 
-def _hold(data, offsets):
-    """A decoding process's start: keep the stored bytes; let SIGTERM end it.
+def ending_pool(workers, initializer=None, initargs=()):
+    """Return a ``multiprocessing.Pool`` (forked where possible) whose workers SIGTERM always ends.
 
-    NOTE [forked SIGTERM]: a forked worker inherits its parent's Python SIGTERM
-    handler, and one that returns (a test runner's, a library's) left a worker
-    waiting for tasks alive through Pool.terminate, whose join then hung a CI
-    run for 10 minutes (1 run in about 20).
+    NOTE [forked SIGTERM]: a forked worker inherits its parent's Python
+    SIGTERM handler, and one that returns (a test runner's, a library's) left
+    a worker waiting for tasks alive through Pool.terminate, whose join then
+    hung CI runs for 7-10 minutes (1 run in about 20). Resetting the handler
+    in the initializer was not enough: on a loaded machine a worker the OS had
+    not yet run took the SIGTERM before its initializer, into the inherited
+    handler (test_limits, 2026-11-26). So SIGTERM is blocked in the thread
+    that forks the workers (the Pool's own threads, made there, inherit the
+    mask, so workers it starts again do too), and each worker sets the
+    default action before it unblocks it: a SIGTERM that came early is
+    pending until then, and ends it.
     """
-    global _HELD
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _start_worker(initializer, initargs):
+    """A pool worker's start: SIGTERM ends it from now on (NOTE [forked SIGTERM]); then ``initializer``."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def _hold(data, offsets):
+    """A decoding process's start: keep the stored bytes."""
+    global _HELD
     _HELD = (data, offsets)
 
 

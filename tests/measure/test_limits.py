@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from fastdata.formats import read_packed
 from fastdata.measure.engine import interleaved_rates, measure_rate
-from fastdata.measure.limits import DecodeEpochs, copy_epochs, shuffled_batches, token_copy_epochs
+from fastdata.measure.limits import DecodeEpochs, copy_epochs, ending_pool, shuffled_batches, token_copy_epochs
 from fastdata.measure.memory import MemoryProbe, process_memory
 from fastdata.measure.synthetic import make_photo
 
@@ -66,6 +67,19 @@ def test_decode_processes_end_under_a_parent_sigterm_handler_that_returns():
     closing.start()
     closing.join(timeout=60)
     assert not closing.is_alive(), "Pool.terminate hung: a worker survived its SIGTERM"
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.0005, 0.002, 0.01, 0.05])
+def test_a_pool_terminated_at_any_moment_of_its_start_ends_under_a_returning_sigterm_handler(delay):
+    # NOTE [forked SIGTERM]: the SIGTERM of terminate lands before, during or after each worker's initializer
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    for _ in range(4):
+        pool = ending_pool(2, time.sleep, (0.01,))
+        time.sleep(delay)
+        closing = threading.Thread(target=lambda pool=pool: (pool.terminate(), pool.join()), daemon=True)
+        closing.start()
+        closing.join(timeout=20)
+        assert not closing.is_alive(), f"Pool.terminate hung {delay} s after the pool started"
 
 
 def test_decode_epochs_really_decode():
