@@ -20,8 +20,21 @@ runs: up a step when the caller had to wait for a helper, down a step when
 it did not. Measured on 64 px raw shards through make_loader (10 epochs
 of 40 batches, 2 cores) with fixed shares: 0.5 of an equal piece 280-290
 us a step, 0.35 260 us, 0.25 241-254 us, 0.15 284 us (the caller waits),
-1 thread 336-354 us. Batches under PARALLEL_BYTES stay on one thread,
-where the hand-over costs more than it saves.
+1 thread 336-354 us.
+
+Batches under PARALLEL_BYTES (1.5 MiB) are copied in ``start`` by the
+calling thread, with no Copy: its lock, event and hand-over cost more than
+a second core saves. With a 512 KiB threshold and a Copy for every batch,
+32 px batches (786 KB) had fallen to 0.78x of the commit before the helpers
+(reviewer, quiet runs) while 64 px ones (3 MiB) gained 1.28x; the threshold
+sits between. Measured on converted raw .h5 files of varied photos
+(/tmp/rc in the commit message: alternating fresh processes, warm cache,
+batch 256, 2 cores shared with other jobs at load ~4, under nice -15),
+microseconds a step of read_batch / make_loader at 32 px: helpers 375-398
+/ 424-437, copied here 228 / 260-263, before the helpers 218-232 /
+245-269. On that busy machine the helpers did not pay at 64-224 px either
+(64 px read_batch 987-992 us with them, 762-800 without, 737-751 before):
+a helper gains only where a core is free.
 """
 
 import itertools
@@ -31,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-PARALLEL_BYTES = 1 << 19  # batches smaller than this are copied by the calling thread alone
+PARALLEL_BYTES = 3 << 19  # 1.5 MiB: batches smaller than this are copied by the calling thread alone
 SHARES = (0.1, 0.5)  # the caller's piece, as a fraction of a helper's: lowest and highest
 SHARE_STEP = 0.02
 
@@ -54,12 +67,13 @@ class RowCopier:
 
         The copy runs on helper threads until ``finish()``, which copies what
         they have not claimed and returns once all is copied; call it exactly
-        once, before the outputs are used or the sources unmapped.
+        once, before the outputs are used or the sources unmapped. On one
+        thread or under PARALLEL_BYTES the rows are copied here (COPIED).
         """
         if threads <= 1 or sum(out.nbytes for _, _, out in jobs) < PARALLEL_BYTES:
-            copy = Copy([jobs])
-            copy.finish()
-            return copy
+            for source, rows, out in jobs:  # copied here, with nothing to hand over (see NOTE [copy on two cores])
+                source.take(rows, 0, out, "clip")
+            return COPIED
         copy = Copy(_split(jobs, threads, self.share), self)
         pool = self._helpers(threads - 1)
         copy.helpers = [pool.submit(copy.copy) for _ in range(min(threads, len(copy.pieces)) - 1)]
@@ -117,6 +131,18 @@ class Copy:
             helper.cancel()  # not started yet: it would find nothing left
         if self._error is not None:
             raise self._error
+
+
+class Copied:
+    """A copy done by ``start`` on the calling thread: no pieces, no helpers, nothing left to finish."""
+
+    pieces = helpers = ()
+
+    def finish(self):
+        """Return at once: the rows are copied."""
+
+
+COPIED = Copied()
 
 
 def _split(jobs, threads, share):

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from fastdata.loading import rowcopy
 from fastdata.loading.rowcopy import SHARES, RowCopier, _split
 
+THRESHOLD = rowcopy.PARALLEL_BYTES  # read before any_batch_on_threads lowers it
+
 
 @pytest.fixture(autouse=True)
 def any_batch_on_threads(monkeypatch):
@@ -103,6 +105,39 @@ def test_one_thread_or_a_small_batch_is_copied_at_start(tmp_path, monkeypatch):
     copy = RowCopier().start(jobs, threads=4)
     assert np.array_equal(out, expected) and not copy.helpers  # before finish: no helper took part
     copy.finish()
+
+
+def batch_jobs(tmp_path, size, batch_size=256):
+    """Jobs copying a shuffled, sorted batch of ``size`` px raw rows from two memory-mapped files, and the batch."""
+    picks = np.random.default_rng(size).permutation(2 * batch_size)[:batch_size]
+    halves = iter([np.sort(picks[picks < batch_size]), np.sort(picks[picks >= batch_size]) - batch_size])
+    return sources_and_jobs(tmp_path, lambda rows: next(halves), [batch_size] * 2, row_shape=(3, size, size))
+
+
+@pytest.mark.parametrize(("size", "on_helpers"), [(16, False), (32, False), (64, True), (128, True)])
+def test_a_batch_of_256_goes_to_helpers_from_64_px(tmp_path, monkeypatch, size, on_helpers):
+    monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", THRESHOLD)  # see NOTE [copy on two cores]
+    jobs, out, expected = batch_jobs(tmp_path, size)
+    copy = RowCopier().start(jobs, threads=2)
+    assert bool(copy.helpers) == on_helpers and (len(copy.pieces) == 2) == on_helpers
+    if not on_helpers:  # copied at start, on the calling thread
+        assert np.array_equal(out, expected)
+    copy.finish()
+    assert np.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_a_batch_is_the_same_copied_on_one_thread_or_on_helpers(tmp_path, monkeypatch, size):
+    batches = []
+    for threshold in (0, 1 << 40):
+        monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", threshold)
+        (tmp_path / str(threshold)).mkdir()
+        jobs, out, expected = batch_jobs(tmp_path / str(threshold), size)
+        copy = RowCopier().start(jobs, threads=2)
+        assert bool(copy.helpers) == (threshold == 0)
+        copy.finish()
+        batches.append(out)
+    assert np.array_equal(batches[0], expected) and np.array_equal(batches[1], expected)
 
 
 def test_a_pickled_copier_starts_its_own_threads(tmp_path):
