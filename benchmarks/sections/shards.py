@@ -28,7 +28,15 @@ the output folder's disk use and the process tree's RSS, every 50 ms.
    ratios); beside them, the same copy in halves on 2 threads, which the
    loader's copy may use (NOTE [copy on two cores] in
    fastdata/loading/rowcopy.py).
-5. Peers: LitData's ``optimize`` on the same decode+resize (Mosaic
+5. Sample sizes: one .h5 file of raw samples at each of 32, 64, 128 and
+   224 px (3, 12, 48 and 147 KiB a sample): 64 px the file of 4., 128 and
+   224 px converted from the small source, 32 px from a third source of
+   ``SIZES_SOURCE`` times its images (500 distinct photos), so that an
+   epoch outgrows the 36 MiB L3 cache. On each, make_loader (defaults)
+   against a plain batched memmap read (np.take into a fresh array) and the
+   memcpy limit, timed in turn as in 4; targets LOAD_VS_READ and
+   LOAD_VS_COPY (NOTE [copy on two cores] in fastdata/loading/rowcopy.py).
+6. Peers: LitData's ``optimize`` on the same decode+resize (Mosaic
    Streaming's MDSWriter: a row saying why it is not measured).
 """
 
@@ -70,6 +78,10 @@ LOAD_ROUNDS = 7  # interleaved rounds of the loading rows per process (--quick 2
 RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs
 ENGINES = {"raw": (("local", 1), ("local", WORKERS), ("dask", WORKERS)),
            "jpeg": (("local", 1), ("local", WORKERS), ("dask", WORKERS), ("dask-no-trim", WORKERS))}
+SAMPLE_SIZES = (32, 64, 128, 224)  # px of the sample-size rows: 3, 12, 48 and 147 KiB a sample
+SIZES_SOURCE, SIZES_DISTINCT = 3, 500  # the 32 px file's source: 3x shard_compare images, of 500 distinct photos
+SIZE_ROUNDS = 4  # interleaved rounds of the sample-size rows per process (--quick 2)
+LOAD_VS_READ, LOAD_VS_COPY = 1.2, 0.9  # make_loader over a batched memmap read, and over the memcpy limit
 BIG, SMALL, SINGLE = "64-raw-64MiB-big", "64-raw-64MiB-small", "64-raw-one-file"  # the first three conversions
 
 CONVERT_SCRIPT = """\
@@ -164,10 +176,12 @@ def run(config, fresh):
     resume = resume_run(small, workdir, shard_bytes)
     outputs = {row["key"]: row.get("out") for row in conversions}
     loading = loading_rows(config, fresh, small, outputs[SINGLE], outputs[f"{RAW[0]}-raw-local-{WORKERS}"])
+    sizes = sample_size_rows(config, fresh, workdir, small, outputs[SINGLE])
     peers = [litdata_row(small, workdir, shard_bytes),
              {"key": "mosaic", "tool": "Mosaic Streaming MDSWriter", "skipped": MOSAIC_NOTE}]
     results = {"source": big, "compare_source": small, "shard_bytes": shard_bytes, "workers": WORKERS,
-               "conversions": conversions, "pairs": pairs, "resume": resume, "loading": loading, "peers": peers}
+               "conversions": conversions, "pairs": pairs, "resume": resume, "loading": loading, "sample_sizes": sizes,
+               "peers": peers}
     results["targets"] = summarize(results)
     results["text"] = text(results)
     return results
@@ -217,7 +231,7 @@ def photo_sizes(root):
 
 
 def convert(src, workdir, what, shard_bytes, engine, workers, key=None):
-    """Convert ``src`` in a watched subprocess to a shard folder (to one file for key SINGLE); return its row."""
+    """Convert ``src`` in a watched subprocess to a shard folder (one file: key "...one-file"); return its row."""
     from fastdata.formats.shards import read_index
     from fastdata.measure.conversion import folder_usage, run_watched
 
@@ -225,7 +239,8 @@ def convert(src, workdir, what, shard_bytes, engine, workers, key=None):
     key = key or f"{size}-{storage}-{engine}-{workers}"
     folder = os.path.join(workdir, "out", f"{src['num_images']}-{key}")
     shutil.rmtree(folder, ignore_errors=True)
-    out = folder if key != SINGLE else os.path.join(folder, "data.h5")
+    one_file = key.endswith("one-file")
+    out = os.path.join(folder, "data.h5") if one_file else folder
     os.makedirs(os.path.dirname(out), exist_ok=True)
     args = {"src": src["root"], "out": out, "size": size, "storage": storage, "shard_size": shard_bytes,
             "engine": engine, "workers": workers}
@@ -234,7 +249,7 @@ def convert(src, workdir, what, shard_bytes, engine, workers, key=None):
     if watched.returncode != 0:
         raise RuntimeError(f"converting {src['root']} to {out} failed:\n{watched.stderr[-3000:]}")
     done = watched.json()
-    index = read_index(out) if key != SINGLE else None
+    index = None if one_file else read_index(out)
     final_bytes, final_disk = folder_usage(folder)
     row = {"key": key, "out": out, "size": size, "storage": storage, "engine": engine, "workers": workers,
            "num_images": src["num_images"], "num_samples": done["num_samples"], "skipped_images": done["skipped"],
@@ -429,6 +444,61 @@ def loading_plan():
     ]
 
 
+def sample_size_rows(config, fresh, workdir, small, single):
+    """Measure make_loader, a batched memmap read and the memcpy limit on a raw .h5 file at each of SAMPLE_SIZES.
+
+    The three rows of a size are timed in turn, ``SIZE_ROUNDS`` times, in
+    each of ``process_repeats`` fresh processes (as loading_rows); returns a
+    row per size with each row's rates and the per-round ratios the targets
+    compare.
+    """
+    from benchmarks import inputs
+
+    count = SIZES_SOURCE * small["num_images"]
+    params, root, _ = inputs.imagenet_like(workdir, count, min(CLASSES, count), min(SIZES_DISTINCT, count),
+                                              config["seed"])
+    files = {}
+    for size in SAMPLE_SIZES:
+        src = {**params, "root": root} if size == SAMPLE_SIZES[0] else small
+        files[size] = single if size == RAW[0] else convert(src, workdir, (size, "raw"), None, "local", WORKERS,
+                                                            f"{size}-raw-one-file")["out"]
+    setup = {"files": files, "rounds": 2 if config["quick"] else SIZE_ROUNDS,
+             **{key: config[key] for key in ("batch_size", "min_seconds", "seed")}}
+    runs = [fresh.run(measure_sizes, setup) for _ in range(max(1, config["process_repeats"]))]
+    rows = []
+    for size, path in files.items():
+        rates = {key: [rate for run in runs for rate in run[size][key]] for key in runs[0][size]}
+        rows.append({"size": size, "path": path, "num_samples": _samples(path), "sample_bytes": 3 * size * size,
+                     "rates": rates, "samples_per_s": {key: statistics.median(r) for key, r in rates.items()},
+                     "vs_read": [a / b for a, b in zip(rates["loader"], rates["read"])],
+                     "vs_copy": [a / b for a, b in zip(rates["loader"], rates["copy"])]})
+    return rows
+
+
+def measure_sizes(setup):
+    """Time the rows of each sample size in turn in this process (see sample_size_rows); return size -> key -> rates."""
+    from contextlib import ExitStack
+
+    from fastdata.measure.engine import interleaved_rates
+
+    rates = {}
+    for size, path in setup["files"].items():
+        case = {**setup, "files": {"hdf5-raw": path}}
+        with ExitStack() as stack:
+            runs = {"loader": stack.enter_context(images._fastdata_epochs(case, "hdf5-raw", 0)),
+                    "read": stack.enter_context(images._copy_epochs(case, None)),
+                    "copy": stack.enter_context(images._copy_epochs(case, "clip"))}
+            rates[size] = interleaved_rates(runs, setup["rounds"], setup["min_seconds"])
+    return rates
+
+
+def _samples(path):
+    from fastdata.formats import read_packed
+
+    columns, _ = read_packed(path)
+    return len(columns.samples)
+
+
 # ---------------------------------------------------------------- peers
 
 
@@ -516,6 +586,13 @@ def summarize(results):
     targets.append(_target(f"shard folder raw {RAW[0]}px vs one file, make_loader defaults",
                            statistics.median(round_ratios(results["loading"], "shard_folder", ("single_file",))),
                            LOAD_VS_FILE, f"{rounds}; medians {folder:,.0f} vs {single:,.0f} samples/s"))
+    for row in results["sample_sizes"]:
+        medians, name = row["samples_per_s"], f"raw {row['size']}px one file, make_loader defaults"
+        rounds = f"median of {len(row['vs_read'])} interleaved rounds; medians {medians['loader']:,.0f} vs"
+        targets.append(_target(f"{name} vs batched memmap read", statistics.median(row["vs_read"]), LOAD_VS_READ,
+                               f"{rounds} {medians['read']:,.0f} samples/s"))
+        targets.append(_target(f"{name} vs memcpy limit", statistics.median(row["vs_copy"]), LOAD_VS_COPY,
+                               f"{rounds} {medians['copy']:,.0f} samples/s"))
     return targets
 
 
@@ -542,6 +619,7 @@ def text(results):
         "MALLOC_TRIM_THRESHOLD_ left out of its workers' environment (see NOTE [dask malloc trim] in "
         "benchmarks/sections/shards.py).", "",
         resume_text(results["resume"]), "", loading_table(results["loading"]), "",
+        sizes_table(results["sample_sizes"]), "",
         peers_table(results["peers"]),
     ])
 
@@ -580,6 +658,18 @@ def loading_table(rows):
     body = [(row["method"], row["workers"], f"{row['samples_per_s']:,.0f}", f"{row['samples_per_s'] / limit:.3f}")
             for row in rows]
     return markdown_table(["loading", "workers", "samples/s", "fraction of memcpy limit"], body, "llrr")
+
+
+def sizes_table(rows):
+    body = [(f"{row['size']} px", f"{row['sample_bytes'] / 1024:,.0f}", f"{row['num_samples']:,}",
+             *(f"{row['samples_per_s'][key]:,.0f}" for key in ("loader", "read", "copy")),
+             f"{statistics.median(row['vs_read']):.2f}", f"{statistics.median(row['vs_copy']):.2f}") for row in rows]
+    headers = ["raw, one .h5 file", "KiB a sample", "samples", "make_loader samples/s", "batched memmap read",
+               "memcpy limit", "loader / read", "loader / limit"]
+    return markdown_table(headers, body, "lrrrrrrr") + (
+        "\n\nBatched memmap read: np.take of each shuffled, sorted batch from the file's memmap into a fresh array "
+        "(the previous batch alive); memcpy limit: the same into one preallocated array, mode='clip', one thread. "
+        "Ratios: medians of per-round ratios (the targets).")
 
 
 def peers_table(rows):

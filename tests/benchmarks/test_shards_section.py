@@ -95,6 +95,25 @@ def test_loading_rows_are_measured_over_every_sample(section):
         assert row["samples_per_s"] > 0 and row["samples_per_pass"] % section["compare_source"]["num_images"] == 0
 
 
+def test_sample_size_rows_time_the_loader_a_read_and_the_limit_on_converted_files(section):
+    rows = section["sample_sizes"]
+    assert [row["size"] for row in rows] == list(shards.SAMPLE_SIZES)
+    compare = section["compare_source"]["num_images"]
+    for row in rows:
+        assert row["path"].endswith(".h5") and row["sample_bytes"] == 3 * row["size"] ** 2
+        assert row["num_samples"] == (shards.SIZES_SOURCE * compare if row["size"] == 32 else compare)
+        rates = row["rates"]
+        assert set(rates) == {"loader", "read", "copy"}
+        assert len(rates["loader"]) == len(rates["read"]) == len(rates["copy"]) >= 2
+        assert all(rate > 0 for values in rates.values() for rate in values)
+        assert row["vs_read"] == pytest.approx([a / b for a, b in zip(rates["loader"], rates["read"])])
+        assert row["vs_copy"] == pytest.approx([a / b for a, b in zip(rates["loader"], rates["copy"])])
+    names = [t["name"] for t in section["targets"]]
+    for size in shards.SAMPLE_SIZES:
+        assert f"raw {size}px one file, make_loader defaults vs batched memmap read" in names
+        assert f"raw {size}px one file, make_loader defaults vs memcpy limit" in names
+
+
 def test_peers_are_measured_or_say_why_not(section):
     for row in section["peers"]:
         assert row.get("skipped") or (row["images_per_s"] > 0 and row["final_bytes"] > 0)
@@ -106,10 +125,11 @@ def test_peers_are_measured_or_say_why_not(section):
 
 def test_targets_are_finite_ratios_and_the_report_renders_them(section):
     targets = [report.finish(t, "shards") for t in section["targets"]]
-    assert len(targets) >= 8
+    assert len(targets) >= 8 + 2 * len(shards.SAMPLE_SIZES)
     assert all(math.isfinite(t["value"]) and t["value"] > 0 and isinstance(t["pass"], bool) for t in targets)
     text = section["text"]
     assert text.startswith("## Shards") and "| conversion" in text and "Resume:" in text and "| loading" in text
+    assert "| raw, one .h5 file" in text
 
 
 @pytest.mark.skipif(shards.installed_version("litdata") is None, reason="litdata is not installed")
