@@ -63,7 +63,7 @@ def _aligned_batch(samples, labels, schema_metadata):
                    if buffer is not None)
         start = _MAGIC_BYTES + len(schema.serialize()) + pa.ipc.get_record_batch_size(batch) - body
         missing = -start % COLUMN_ALIGNMENT
-        if not missing or samples.nbytes < COLUMN_ALIGNMENT:
+        if not missing or not samples.nbytes:
             return batch
         padding += b" " * missing
     return batch

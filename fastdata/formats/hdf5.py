@@ -41,7 +41,7 @@ def write_hdf5(path, columns, metadata):
     text = encode_metadata(metadata, info)
     _check_room(path, sum(a.nbytes for a in (*stored_columns(columns).values(), *checksums.values())) + len(text))
     with h5py.File(path, "w", libver="earliest",  # see NOTE [aligned columns]
-                   alignment_threshold=COLUMN_ALIGNMENT, alignment_interval=COLUMN_ALIGNMENT) as f:
+                   alignment_threshold=1, alignment_interval=COLUMN_ALIGNMENT) as f:
         f.attrs[METADATA_KEY] = text
         for name, array in stored_columns(columns).items():
             _write_dataset(f, name, array)
