@@ -2,6 +2,7 @@
 
 import importlib
 import warnings
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,29 @@ _EXPORTS = {
     "profile": "fastdata.measure.profiler",
 }
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # what type checkers see: the real names, re-exported ("X as X"), so a bad keyword is flagged
+    from fastdata.codecs.tokenizers import Tokenizer as Tokenizer
+    from fastdata.converters import ConversionReport as ConversionReport
+    from fastdata.converters import convert_imagefolder as convert_imagefolder
+    from fastdata.converters import convert_text as convert_text
+    from fastdata.errors import FastdataError as FastdataError
+    from fastdata.errors import FormatError as FormatError
+    from fastdata.errors import MissingDependencyError as MissingDependencyError
+    from fastdata.errors import NotFoundError as NotFoundError
+    from fastdata.errors import OptionError as OptionError
+    from fastdata.errors import OutputExistsError as OutputExistsError
+    from fastdata.errors import RemoteError as RemoteError
+    from fastdata.errors import SampleError as SampleError
+    from fastdata.errors import SourceError as SourceError
+    from fastdata.loading.datasets import ArrowDataset as ArrowDataset
+    from fastdata.loading.datasets import HDF5Dataset as HDF5Dataset
+    from fastdata.loading.datasets import open_dataset as open_dataset
+    from fastdata.loading.loader import make_loader as make_loader
+    from fastdata.loading.samplers import BatchIndexSampler as BatchIndexSampler
+    from fastdata.loading.samplers import BucketBatchSampler as BucketBatchSampler
+    from fastdata.measure.profiler import ProfileReport as ProfileReport
+    from fastdata.measure.profiler import profile as profile
 
 # Names exported by fastdata 0.1 that now live in their modules only: they
 # still resolve, with a DeprecationWarning naming the new home.

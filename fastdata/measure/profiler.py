@@ -204,7 +204,7 @@ class ProfiledLoader:
         size = self.batch_size_of(batch)
         return None if size is None else int(size)
 
-    def report(self):
+    def report(self) -> ProfileReport:
         """Return a ProfileReport of the latest pass; a body still running counts up to now."""
         meter = self._meter
         body = meter.body_seconds
