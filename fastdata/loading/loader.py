@@ -21,6 +21,7 @@ NOTE [in-process default]).
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -102,9 +103,11 @@ def make_loader(
             evenly by the ranks. Default: "drop" with ``drop_last``, else
             "partial" for one rank and "pad" for more.
         rank: this process's rank; default: torch.distributed's where its
-            process group is initialized, else 0.
+            process group is initialized, else 0 until a group exists when
+            the loader is next asked for its length, batches or state (see
+            NOTE [late rank] in samplers.py).
         world_size: ranks sharing each global batch; default:
-            torch.distributed's, else 1.
+            torch.distributed's, else 1 (until a group exists, as ``rank``).
         block_size: samples per block of ``shuffle="block"``; default: about
             256 KiB of samples (see NOTE [block settings] in shuffles.py).
         window: blocks shuffled together by ``shuffle="block"``; default:
@@ -148,8 +151,9 @@ def make_loader(
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
         ``pipeline`` (the DevicePipeline of ``device``, or None),
-        ``state_dict`` and ``load_state_dict``: a WorkerLoader (a
-        ``torch.utils.data.DataLoader``) when ``num_workers > 0``.
+        ``state_dict`` and ``load_state_dict``: a WorkerLoader (holding a
+        ``torch.utils.data.DataLoader``, see NOTE [trainers] in workers.py)
+        when ``num_workers > 0``, else a BatchLoader.
 
     Raises:
         TypeError: ``dataset`` is not a fastdata dataset, or ``batch_sampler``
@@ -203,11 +207,13 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     ``one_reader``: this process reads every batch of its rank (no workers).
     """
     group = dist.is_available() and dist.is_initialized()
-    rank, world_size = resolve_rank(rank, world_size)
+    resolve_rank(rank, world_size)  # checked now
     remote = isinstance(dataset, PackedDataset) and getattr(dataset, "is_remote", False)
     fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"  # the page cache
+    chosen = shuffle is True or shuffle == "auto"
     shuffle = _shuffle_mode(shuffle, fits and not remote, group)
     if shuffle == "block" and None in (block_size, window):
+        chosen = True
         if not isinstance(dataset, PackedDataset):
             raise OptionError(f"shuffle='block' over a {type(dataset).__name__} needs block_size and window")
         default_size, default_window = _default_block_settings(dataset, remote, group)
@@ -215,10 +221,18 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                 remainder=remainder, rank=rank, world_size=world_size, block_size=block_size,
                                 window=window)
+    sampler.chosen_here = chosen and not group  # see NOTE [late rank] in samplers.py
+    sampler.make_readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=one_reader)
+    sampler.readahead = sampler.make_readahead(sampler)
+    return sampler
+
+
+def _readahead(dataset, sampler, *, remote, fits, one_reader):
+    """Return the read-ahead that follows ``sampler``'s order on this rank, or None where none pays."""
     if remote and dataset.prefetch != 0:  # see NOTE [remote read-ahead] in remote.py
         ahead = prefetch_shards(dataset, sampler.order)
-        sampler.readahead = ShardReadAhead(dataset, sampler.order, rank, world_size, ahead)
-    elif not fits:
+        return ShardReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, ahead)
+    if fits:
         # NOTE [hints past the cache]: the kernel hints of a ReadAhead (NOTE
         # [read ahead] in readahead.py) cost more than they give while the
         # dataset stays in the page cache: on 5,000 cached 64 px raw samples,
@@ -227,12 +241,12 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
         # 361k against 146k in block order. A dataset that fits is read from
         # disk once whatever the order (the read-around pages stay cached),
         # so only one that does not fit gets them.
-        # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
-        # reads] in windows.py); workers and ranks share their reads through the page cache.
-        alone = shuffle == "block" and one_reader and world_size == 1
-        windows = dataset.read_windows(sampler.order) if alone else None
-        sampler.readahead = ReadAhead(dataset, sampler.order, rank, world_size, windows=windows)
-    return sampler
+        return None
+    # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
+    # reads] in windows.py); workers and ranks share their reads through the page cache.
+    alone = sampler.shuffle == "block" and one_reader and sampler.world_size == 1
+    windows = dataset.read_windows(sampler.order) if alone else None
+    return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, windows=windows)
 
 
 def _default_block_settings(dataset, remote, group):

@@ -20,10 +20,24 @@ previous epoch (see NOTE [next epoch's first batch] in loader.py):
   ``set_epoch(epoch + 1)``;
 - ``describe()``: the settings that decide the batches, and
   ``global_batch``: samples per step over all ranks (for a loader's state,
-  NOTE [loader state] in state.py).
+  NOTE [loader state] in state.py);
+- ``bind()``: take rank and world size from a process group made after the
+  sampler (see NOTE [late rank]).
+
+NOTE [late rank]: a sampler made before torch.distributed's process group
+exists (in a LightningDataModule's ``__init__``, at a script's top level
+under Lightning's DDP launcher, before ``init_process_group``), with rank
+and world size left to it, would read the whole dataset on every rank. So
+it takes them from the group when it is next asked for its length, batches
+or settings, once a group exists; its global batch then becomes
+``batch_size * world_size``, the order is the one a sampler made after the
+group has (NOTE [global order] in order.py). Iterated under torchrun
+(``WORLD_SIZE`` > 1) with still no group, it refuses, rather than read
+everything on every rank.
 """
 
 import abc
+import os
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -53,6 +67,7 @@ class EpochSampler(abc.ABC):
 
     def __init__(self, num_samples: int, batch_size: int, seed: int, rank: int | None, world_size: int | None):
         check_positive("batch_size", batch_size)
+        self._late = rank is None and world_size is None and not _group_exists()  # see NOTE [late rank]
         rank, world_size = resolve_rank(rank, world_size)
         self.num_samples = int(num_samples)
         self.batch_size = batch_size
@@ -70,6 +85,32 @@ class EpochSampler(abc.ABC):
     def describe(self) -> dict:
         """Return the JSON-able settings that decide the order (they go into a loader's state)."""
 
+    def bind(self, iterating: bool = False) -> None:
+        """Take rank and world size from the process group if one exists now and they were left to it.
+
+        See NOTE [late rank]. ``iterating``: about to yield batches, so refuse
+        where torchrun started several ranks yet no group exists.
+
+        Raises:
+            ValueError: ``iterating`` under torchrun's ``WORLD_SIZE`` > 1 without a process group.
+        """
+        if not self._late:
+            return
+        if not _group_exists():
+            if iterating and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+                raise OptionError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but torch.distributed has no process "
+                                  "group, so this rank would read every batch: call "
+                                  "torch.distributed.init_process_group first, or pass rank and world_size")
+            return
+        self._late = False
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        if (rank, world_size) != (self.rank, self.world_size):
+            self.rank, self.world_size, self.global_batch = rank, world_size, self.batch_size * world_size
+            self._rebind()
+
+    def _rebind(self) -> None:  # noqa: B027 (a hook: subclasses without world-size state need none)
+        """Redo what depends on the world size after ``bind`` changed it (subclasses)."""
+
     def set_epoch(self, epoch: int) -> None:
         """Use the batches of ``epoch`` next (each iteration also advances it); a resumed step stays for its epoch."""
         if epoch != self.epoch:
@@ -81,19 +122,25 @@ class EpochSampler(abc.ABC):
         self.epoch, self.start_step = epoch, step
 
     def __iter__(self) -> Iterator[np.ndarray]:
+        self.bind(iterating=True)
         epoch, start = self.epoch, self.start_step  # a generator: the epoch advances when its first batch is
         self.epoch, self.start_step = epoch + 1, 0  # asked for, as torch's DataLoader calls iter() twice on its first
         yield from self.batches(epoch, start)  # epoch
 
     def __len__(self) -> int:
+        self.bind()
         if self.drop_last:
             return self.num_samples // self.global_batch
         return -(-self.num_samples // self.global_batch)
 
 
+def _group_exists():
+    return dist.is_available() and dist.is_initialized()
+
+
 def resolve_rank(rank, world_size):
     """Return ``(rank, world_size)``, checked: as given, else the initialized process group's, else 0 of 1."""
-    group = dist.is_available() and dist.is_initialized()
+    group = _group_exists()
     world_size = (dist.get_world_size() if group else 1) if world_size is None else world_size
     rank = (dist.get_rank() if group else 0) if rank is None else rank
     check_rank(rank, world_size)
@@ -154,20 +201,38 @@ class BatchIndexSampler(EpochSampler):
             shuffle = "uniform" if shuffle else "none"
         if shuffle == "block" and (block_size is None or window is None):
             raise OptionError("shuffle='block' needs block_size and window (make_loader picks them from the dataset)")
-        self.order = EpochOrder(self.num_samples, self.global_batch, shuffle=shuffle, seed=seed,
-                                remainder=remainder_policy(remainder, drop_last, self.world_size),
-                                block_size=block_size or 1, window=window or 1)
+        self._settings = {"shuffle": shuffle, "block_size": block_size or 1, "window": window or 1}
+        self._remainder, self._drop_last = remainder, drop_last
+        self.readahead = None
+        self.make_readahead = None  # make_loader's: readahead of this sampler, made again when bind changes it
+        self.chosen_here = False  # make_loader chose the settings on this rank: rank 0's win when bound later
+        self._make_order()
+
+    def _make_order(self):
+        self.order = EpochOrder(self.num_samples, self.global_batch, seed=self.seed,
+                                remainder=remainder_policy(self._remainder, self._drop_last, self.world_size),
+                                **self._settings)
         self.shuffle, self.remainder = self.order.shuffle, self.order.remainder
         self.drop_last = self.remainder == "drop"
         if self.order.num_steps:  # a partial last batch the ranks cannot share is refused now, not at the end
             self.order.step_positions(self.order.num_steps - 1, self.rank, self.world_size)
-        self.readahead = None
+
+    def _rebind(self):
+        if self.chosen_here and self.world_size > 1:  # as make_loader under a group: rank 0 chooses for all
+            settings = [self._settings]
+            dist.broadcast_object_list(settings, src=0)
+            self._settings = settings[0]
+        self._make_order()
+        if self.make_readahead is not None:
+            self.readahead = self.make_readahead(self)
 
     def __len__(self):
+        self.bind()
         return self.order.num_steps
 
     def describe(self):
         """Return the order's settings (see EpochOrder.describe)."""
+        self.bind()
         return self.order.describe()
 
     def batches(self, epoch, start_step=0):
@@ -185,6 +250,7 @@ class BatchIndexSampler(EpochSampler):
         uniform, 98-107 us block, against 0.6-1.1 ms to read them. Nearly
         all of it is the order's keyed permutations (~200 ns a sample).
         """
+        self.bind(iterating=True)
         if self.readahead is not None:
             self.readahead.start(epoch, start_step)
         steps = max(1, min(_CHUNK_STEPS, _CHUNK_SAMPLES // self.batch_size))
@@ -253,14 +319,19 @@ class BucketBatchSampler(EpochSampler):
         self.pool_batches, self.shuffle, self.drop_last = pool_batches, shuffle, drop_last
         self.remainder = remainder_policy(None, drop_last, self.world_size)
 
+    def _rebind(self):
+        self.remainder = remainder_policy(None, self.drop_last, self.world_size)
+
     def describe(self):
         """Return the settings that decide the batches, JSON-able (they go into a loader's state)."""
+        self.bind()
         return {"num_samples": self.num_samples, "global_batch": self.global_batch,
                 "shuffle": "uniform" if self.shuffle else "none", "seed": self.seed, "remainder": self.remainder,
                 "block_size": None, "window": None, "pool_batches": self.pool_batches}
 
     def batches(self, epoch, start_step=0):
         """Return the list of this rank's sorted int64 index arrays of ``epoch`` from global step ``start_step`` on."""
+        self.bind(iterating=True)
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.num_samples) if self.shuffle else np.arange(self.num_samples, dtype=np.int64)
         pool_size, size = self.pool_batches * self.global_batch, self.global_batch

@@ -12,49 +12,44 @@ def worker_loader(dataset, sampler, slots, options, pipeline, **loader_options):
 
     ``loader_options``: num_workers, pin_memory, prefetch_factor, persistent_workers, multiprocessing_context.
     """
-    loader = WorkerLoader(
-        _WholeBatches(dataset, slots, options, None if pipeline is None else pipeline.reader),
-        batch_size=None,  # the sampler yields whole batches
-        sampler=sampler,
-        collate_fn=_as_is,
-        **loader_options,
-    )
-    loader.pipeline = pipeline
-    return loader
+    reader = None if pipeline is None else pipeline.reader
+    return WorkerLoader(_WholeBatches(dataset, slots, options, reader), sampler, pipeline, **loader_options)
 
 
-class WorkerLoader(Resumable, DataLoader):
-    """A DataLoader whose workers return whole batches through shared slots.
+class WorkerLoader(Resumable):
+    """Batches read by worker processes, each batch whole, through shared slots.
 
-    See NOTE [slot transport]. Iterating yields plain tensors, like any DataLoader.
+    See NOTE [slot transport]. Iterating yields plain tensors, like a DataLoader.
     Its ``dataset`` hands out whole batches; ``packed_dataset`` is the file's dataset.
     Resumable with ``state_dict`` and ``load_state_dict`` (see NOTE [loader state] in state.py).
     With a ``pipeline`` (a DevicePipeline) the workers read HostBatches and the
     pipeline runs here, on the batches as they arrive (see NOTE [device pipeline]).
+    Not a DataLoader itself: see NOTE [trainers].
     """
 
-    pipeline = None
-    _steps = None
     _unfinished = None  # the torch iterator of an iteration left before its end (NOTE [abandoned iterations])
+
+    def __init__(self, dataset, sampler, pipeline=None, **loader_options):
+        self.dataset, self.sampler, self.pipeline = dataset, sampler, pipeline
+        self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
+        # with a pipeline, the workers get (epoch, indices) to read a HostBatch (see NOTE [device pipeline])
+        steps = sampler if pipeline is None else Steps(sampler)
+        self._loader = DataLoader(dataset, batch_size=None, sampler=steps, collate_fn=_as_is, **loader_options)
+        for name in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "multiprocessing_context"):
+            setattr(self, name, getattr(self._loader, name))
 
     @property
     def packed_dataset(self):
         """The HDF5Dataset or ArrowDataset the workers read."""
         return self.dataset.dataset
 
-    @property
-    def _index_sampler(self):
-        # see NOTE [torch internals]: with a pipeline, the workers get (epoch, indices) to read a HostBatch
-        if self.pipeline is None:
-            return super()._index_sampler
-        if self._steps is None:
-            self._steps = Steps(self.sampler)
-        return self._steps
+    def __len__(self):
+        return len(self.sampler)
 
     def __iter__(self):
         self._end_unfinished()
         position = self._begin_epoch()  # see NOTE [loader state]
-        self._unfinished = iterator = super().__iter__()
+        self._unfinished = iterator = iter(self._loader)
         batches = self._unpacked(iterator)
         if self.pipeline is not None:
             batches = self.pipeline.run(batches)
@@ -75,8 +70,8 @@ class WorkerLoader(Resumable, DataLoader):
             return
         if hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
-        if self._iterator is iterator:  # persistent workers: the next iteration starts new ones
-            self._iterator = None
+        if self._loader._iterator is iterator:  # persistent workers: the next iteration starts new ones
+            self._loader._iterator = None
         if self.dataset.slots is not None:
             self.dataset.slots.busy.zero_()  # no worker is left to write, no batch left to read
 
@@ -91,7 +86,7 @@ class WorkerLoader(Resumable, DataLoader):
     def close(self):
         """Stop the worker processes now (a later epoch starts new ones)."""
         self._end_unfinished()
-        close_workers(self)
+        close_workers(self._loader)
 
     def __enter__(self):
         return self
@@ -99,6 +94,19 @@ class WorkerLoader(Resumable, DataLoader):
     def __exit__(self, *exc_info):
         self.close()
         return False
+
+
+# NOTE [trainers]: Lightning and accelerate rebuild any torch DataLoader
+# they are given around a sampler of their own (Lightning's
+# DistributedSamplerWrapper under DDP, accelerate's DataLoaderShard over a
+# SequentialSampler), which knows nothing of fastdata's global batches:
+# under Lightning each rank trained 3 of its 5 batches, then the
+# checkpoint raised; under accelerate the first batch raised. Both pass
+# through untouched any loader that is not a DataLoader, as they do
+# Mosaic's and LitData's, and both find what they use on it: ``len``,
+# ``sampler.set_epoch``, ``state_dict``/``load_state_dict`` (Lightning's
+# _Stateful). So the WorkerLoader holds its DataLoader instead of being
+# one, as the 0-worker BatchLoader never was one.
 
 
 # NOTE [abandoned iterations]: batches a worker has read ahead wait in its
@@ -124,20 +132,22 @@ def _unpack(batch):
 # persistent workers before the loader is garbage collected, nor to list
 # them; the two functions below are the one place fastdata reaches into a
 # DataLoader's private iterator for that, so a torch change breaks only here.
-# Nor can a DataLoader's iterator draw other items than its sampler's:
-# WorkerLoader overrides the private ``_index_sampler`` property for that.
 
 
-def close_workers(loader: DataLoader) -> None:
+def close_workers(loader: "DataLoader | WorkerLoader") -> None:
     """Stop ``loader``'s persistent worker processes now rather than at some later garbage collection."""
+    if isinstance(loader, WorkerLoader):
+        loader.close()
+        return
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
         loader._iterator = None
 
 
-def worker_pids(loader: DataLoader) -> list[int]:
+def worker_pids(loader: "DataLoader | WorkerLoader") -> list[int]:
     """Return the pids of ``loader``'s live persistent worker processes ([] without them)."""
+    loader = loader._loader if isinstance(loader, WorkerLoader) else loader
     workers = getattr(getattr(loader, "_iterator", None), "_workers", None) or []
     return [worker.pid for worker in workers if worker.is_alive()]
 

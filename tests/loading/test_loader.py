@@ -514,10 +514,11 @@ def test_make_loader_needs_a_fastdata_dataset():
 
 
 @pytest.mark.parametrize("drop_last, sizes", [(False, [10, 10, 4]), (True, [10, 10])])
-def test_workers_loader_is_a_torch_dataloader(packed_files, drop_last, sizes):
+def test_workers_loader_holds_a_torch_dataloader_without_being_one(packed_files, drop_last, sizes):
     dataset = open_dataset(packed_files("arrow", "raw"))
     loader = make_loader(dataset, 10, num_workers=1, drop_last=drop_last, multiprocessing_context="fork")
-    assert isinstance(loader, DataLoader)
+    assert not isinstance(loader, DataLoader)  # trainers pass it through (NOTE [trainers] in workers.py)
+    assert (loader.num_workers, loader.prefetch_factor) == (1, 2)
     assert len(loader) == len(sizes) and loader.pin_memory is False
     batches = list(loader)
     assert [len(labels) for _, labels in batches] == sizes
