@@ -56,10 +56,11 @@ CHECKSUM_CHUNK_BYTES = 256 << 10
 # written before the columns were aligned, shard 0's pixels began at byte
 # 15,488 and every other shard's at 15,496 (its metadata was longer), so
 # neither fast path could apply to every shard. Both containers now start
-# every column on a multiple of COLUMN_ALIGNMENT (HDF5's file alignment, for
-# every object: a last shard of one 32 px sample is aligned too; Arrow's
-# schema padded), at most a few KiB a file; the readers still place each
-# shard by its own offset, so older files and other writers' read too.
+# the sample column on a multiple of COLUMN_ALIGNMENT (HDF5's file alignment
+# of objects that large, or as large as a smaller column: a last shard of one
+# 32 px sample is aligned too; Arrow's schema padded), at most a few KiB a
+# file; the readers still place each shard by its own offset, so older
+# files and other writers' read too.
 COLUMN_ALIGNMENT = 4096
 
 
