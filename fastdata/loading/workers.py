@@ -28,6 +28,7 @@ class WorkerLoader(Resumable):
     """
 
     _unfinished = None  # the torch iterator of an iteration left before its end (NOTE [abandoned iterations])
+    batch_sampler = None  # as a DataLoader's whose sampler yields whole batches: trainers look for it
 
     def __init__(self, dataset, sampler, pipeline=None, **loader_options):
         self.dataset, self.sampler, self.pipeline = dataset, sampler, pipeline

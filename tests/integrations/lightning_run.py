@@ -4,12 +4,15 @@
 (``use_distributed_sampler`` left on): Lightning's launcher starts rank 1 by
 running this script again. A ModelCheckpoint saves after global step
 ``checkpoint_step``; with ``resume`` the run continues from that checkpoint.
+Validation runs 2 of its batches at the end of each epoch.
 """
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from trainer_record import Samples, loader_of, read_spec
+
+from fastdata import make_loader, open_dataset
 
 spec = read_spec()
 
@@ -32,6 +35,15 @@ class Model(L.LightningModule):
         logits = self.layer(images.float().mean((2, 3)) / 255)
         return torch.nn.functional.cross_entropy(logits, labels % 8)
 
+    def val_dataloader(self):  # cut short by limit_val_batches: an iteration left early every epoch
+        return make_loader(open_dataset(spec["path"]), spec["batch_size"], num_workers=spec["num_workers"])
+
+    def validation_step(self, batch, batch_idx):
+        images, labels = batch
+        self.samples.validated += 1
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(images.float().mean((2, 3)) / 255),
+                                                               labels % 8), sync_dist=True)
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -41,6 +53,6 @@ checkpoint = ModelCheckpoint(dirpath=spec["out"], filename="{step}", every_n_tra
                              save_top_k=-1)
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=spec["epochs"], callbacks=[checkpoint],
                     logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                    default_root_dir=spec["out"])
+                    limit_val_batches=2, default_root_dir=spec["out"])
 trainer.fit(model, ckpt_path=spec["resume"])
 model.samples.write(spec, trainer.global_rank)

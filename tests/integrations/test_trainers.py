@@ -152,6 +152,7 @@ def test_lightning_ddp_gives_each_rank_its_share_and_resumes_mid_epoch(photos, t
     assert [(state["epoch"], state["samples_consumed"]) for state in saved] == [(1, 3 * BATCH * WORLD)]
     resumed = launch(command, {**spec, "name": "resumed", "resume": checkpoint}, tmp_path)
     check_runs(photos, full, resumed)
+    assert [record["validated"] for record in full + resumed] == [2 * EPOCHS] * WORLD + [2] * WORLD  # cut short
 
 
 @pytest.mark.parametrize(("num_workers", "made"), [(0, "early"), (2, "late")])

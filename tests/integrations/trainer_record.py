@@ -6,7 +6,8 @@ A run's SPEC is a JSON file: ``path`` (a packed file), ``out`` (a folder),
 "late": after), ``checkpoint_step`` (the global step after which a
 checkpoint is saved) and ``resume`` (a checkpoint to resume from, or None).
 Each rank writes ``out/<name>-rank<RANK>.json``: ``len`` (of its loader),
-``steps`` (per batch ``[epoch, global step, sample indices]``).
+``steps`` (per batch ``[epoch, global step, sample indices]``), ``validated``
+(validation batches).
 """
 
 import hashlib
@@ -43,7 +44,7 @@ class Samples:
         images = open_dataset(path).read_batch(np.arange(len(open_dataset(path))))[0].numpy()
         self.index = {image_key(image): i for i, image in enumerate(images)}
         assert len(self.index) == len(images), "test images should differ from each other"
-        self.steps, self.length = [], None
+        self.steps, self.length, self.validated = [], None, 0
 
     def record(self, epoch, step, images):
         """Record the sample indices of ``images`` (uint8 ``[B, 3, H, W]``), global ``step`` of ``epoch``."""
@@ -51,4 +52,4 @@ class Samples:
 
     def write(self, spec, rank):
         with open(os.path.join(spec["out"], f"{spec['name']}-rank{rank}.json"), "w") as f:
-            json.dump({"len": self.length, "steps": self.steps}, f)
+            json.dump({"len": self.length, "steps": self.steps, "validated": self.validated}, f)
