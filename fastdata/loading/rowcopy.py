@@ -34,7 +34,19 @@ microseconds a step of read_batch / make_loader at 32 px: helpers 375-398
 / 424-437, copied here 228 / 260-263, before the helpers 218-232 /
 245-269. On that busy machine the helpers did not pay at 64-224 px either
 (64 px read_batch 987-992 us with them, 762-800 without, 737-751 before):
-a helper gains only where a core is free.
+a helper gains only where a core is free. Nor does starting such a batch
+a step early pay (it is copied as it is started): make_loader steps of
+290-313 us against 354-372 us pipelined at 32 px, so the loader pipelines
+only batches of PARALLEL_BYTES or more (``_pipelines_reads`` in loader.py).
+Then, on a quieter machine (load ~1, Intel Xeon; /tmp/rc/sweep.sh "32 64",
+alternating fresh processes, 2 rounds, samples/s of make_loader over one
+file / a shard folder): 32 px 689k / 639k against 684k / 639k before the
+helpers, 64 px 238k / 229k against 244k / 230k, with the helpers off at
+64 px 241k: the regression is gone, and the helpers neither gain nor lose
+at 64 px there (the reviewer's 1.28x came from another machine). On this
+machine np.take into a fresh array runs as fast as into a reused one at
+32 px (1.29-1.52M samples/s), so the loader is at 0.5 of either; the
+~130 us of Python a step (order, parts, labels, tensors) is the gap.
 """
 
 import itertools
