@@ -149,7 +149,8 @@ def test_lightning_ddp_gives_each_rank_its_share_and_resumes_mid_epoch(photos, t
     full = launch(command, {**spec, "name": "full"}, tmp_path)
     checkpoint = os.path.join(tmp_path, f"step={CHECKPOINT_STEP}.ckpt")
     saved = torch.load(checkpoint, weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert [(state["epoch"], state["samples_consumed"]) for state in saved] == [(1, 3 * BATCH * WORLD)]
+    assert [(state["epoch"], state["samples_consumed"], state["shuffle"]) for state in saved] == [
+        (1, 3 * BATCH * WORLD, "uniform")]
     resumed = launch(command, {**spec, "name": "resumed", "resume": checkpoint}, tmp_path)
     check_runs(photos, full, resumed)
     assert [record["validated"] for record in full + resumed] == [2 * EPOCHS] * WORLD + [2] * WORLD  # cut short

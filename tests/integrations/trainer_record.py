@@ -28,8 +28,11 @@ def read_spec():
 
 
 def loader_of(spec):
-    """Return the run's loader: shuffled, rank and world size left to torch.distributed."""
-    return make_loader(open_dataset(spec["path"]), spec["batch_size"], shuffle="uniform", seed=SEED,
+    """Return the run's loader: shuffle=True, rank and world size left to torch.distributed.
+
+    The file fits the page cache, so shuffle=True is "uniform"; rank 0 decides it for every rank.
+    """
+    return make_loader(open_dataset(spec["path"]), spec["batch_size"], shuffle=True, seed=SEED,
                        num_workers=spec["num_workers"], multiprocessing_context="fork" if spec["num_workers"] else None)
 
 
