@@ -1,4 +1,4 @@
-"""make_loader's worker processes: a torch DataLoader whose workers read whole batches into shared slots."""
+"""make_loader's worker processes: a loader holding a torch DataLoader whose workers read whole batches."""
 
 from torch.utils.data import DataLoader
 

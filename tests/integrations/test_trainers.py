@@ -39,6 +39,10 @@ STEPS = NUM_CLASSES * PER_CLASS // (BATCH * WORLD)
 EPOCHS, CHECKPOINT_STEP = 2, STEPS + 3  # the checkpoint: 3 batches into the second epoch
 RUN_SECONDS = 240  # a trainer still running after this has hung: it is killed and the test fails
 END_SECONDS = 10  # what a trainer started may take to end after the trainer returned
+ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
+                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                     "--main_process_port", "{port}"]
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples")
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +64,26 @@ def launch(command, spec, folder):
     path = os.path.join(folder, f"{spec['name']}.json")
     with open(path, "w") as f:
         json.dump(spec, f)
+    run_session([*command, path], folder, spec["name"])
+    records = []
+    for rank in range(WORLD):
+        with open(os.path.join(folder, f"{spec['name']}-rank{rank}.json")) as f:
+            records.append(json.load(f))
+    return records
+
+
+def run_session(command, folder, name):
+    """Run ``command`` in ``folder``, in a session of its own; return its output. Fail on a hang or a leftover.
+
+    A ``{port}`` in ``command`` becomes the free port the process group meets on.
+    """
     port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    command = [part.replace("{port}", str(port)) for part in command]
-    log = os.path.join(folder, f"{spec['name']}.log")
+    log = os.path.join(folder, f"{name}.log")
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*command, path], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=folder,
-                                start_new_session=True)
+        proc = subprocess.Popen([part.replace("{port}", str(port)) for part in command], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=folder, start_new_session=True)
     try:
         code = proc.wait(timeout=RUN_SECONDS)
     except subprocess.TimeoutExpired:
@@ -75,15 +91,11 @@ def launch(command, spec, folder):
     finally:
         left = _end_session(proc)
     with open(log, errors="replace") as f:
-        tail = f.read()[-4000:]
-    assert code is not None, f"{spec['name']} still running after {RUN_SECONDS} s (hung)\n{tail}"
-    assert code == 0, f"{spec['name']} exited with {code}\n{tail}"
-    assert not left, f"{spec['name']} left processes running after it returned\n{tail}"
-    records = []
-    for rank in range(WORLD):
-        with open(os.path.join(folder, f"{spec['name']}-rank{rank}.json")) as f:
-            records.append(json.load(f))
-    return records
+        output = f.read()
+    assert code is not None, f"{name} still running after {RUN_SECONDS} s (hung)\n{output[-4000:]}"
+    assert code == 0, f"{name} exited with {code}\n{output[-4000:]}"
+    assert not left, f"{name} left processes running after it returned\n{output[-4000:]}"
+    return output
 
 
 def _end_session(proc):
@@ -160,12 +172,23 @@ def test_lightning_ddp_gives_each_rank_its_share_and_resumes_mid_epoch(photos, t
 def test_accelerate_gives_each_rank_its_share_and_resumes_mid_epoch(photos, tmp_path, num_workers, made):
     spec = {"path": photos, "out": os.fspath(tmp_path), "num_workers": num_workers, "batch_size": BATCH,
             "epochs": EPOCHS, "made": made, "checkpoint_step": CHECKPOINT_STEP, "resume": None}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               "{port}", os.path.join(HERE, "accelerate_run.py")]
+    command = [*ACCELERATE_LAUNCH, os.path.join(HERE, "accelerate_run.py")]
     full = launch(command, {**spec, "name": "full"}, tmp_path)
     resumed = launch(command, {**spec, "name": "resumed", "resume": os.path.join(tmp_path, "checkpoint")}, tmp_path)
     check_runs(photos, full, resumed)
+
+
+def test_the_lightning_example_trains_on_two_processes(tmp_path):
+    output = run_session([sys.executable, os.path.join(EXAMPLES, "lightning_ddp.py"), "--workdir", "work",
+                          "--epochs", "1", "--workers", "2"], tmp_path, "lightning-example")
+    assert "trained 4 steps: 4 batches of 16 per process per epoch, 128 samples" in output
+
+
+def test_the_accelerate_example_resumes_where_it_stopped(tmp_path):
+    command = [*ACCELERATE_LAUNCH, os.path.join(EXAMPLES, "accelerate_ddp.py"), "--workdir", "work"]
+    assert "saved the state after step 3" in run_session([*command, "--stop-after", "3"], tmp_path, "stopped")
+    output = run_session(command, tmp_path, "resumed")
+    assert "resumed at step 3" in output and "trained 8 steps: 4 batches of 16 per process per epoch" in output
 
 
 def test_a_loader_iterated_under_torchrun_without_a_process_group_refuses(photos, monkeypatch):
