@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
+from fastdata.loading import rowcopy
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.order import SHUFFLES
@@ -36,7 +37,6 @@ from fastdata.loading.overlap import LoopBody, read_on_thread
 from fastdata.loading.readahead import ReadAhead
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
-from fastdata.loading.rowcopy import PARALLEL_BYTES
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
 from fastdata.loading.shuffles import block_settings, choose_shuffle
 from fastdata.loading.state import Resumable, Steps
@@ -476,7 +476,7 @@ def _pipelines_reads(dataset, batch_size):
     """
     return (isinstance(dataset, PackedDataset) and type(dataset).read_batch is PackedDataset.read_batch
             and dataset.copies_in_background
-            and (batch_size is None or dataset.max_batch_bytes(batch_size) >= PARALLEL_BYTES))
+            and (batch_size is None or dataset.max_batch_bytes(batch_size) >= rowcopy.PARALLEL_BYTES))
 
 
 def _read_options(dataset, pad_to):
