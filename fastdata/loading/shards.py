@@ -291,7 +291,7 @@ class ShardStore:
             columns = self._open[shard] = self._open_shard(shard)
             if self._stitch is not None:  # its rows read from their slot from now on (NOTE [stitched rows])
                 columns = self._open[shard] = self._stitch.place(shard, columns, self._path(shard),
-                                                                 self._column_remainders)
+                                                                 self.usual_remainder)
             self._label_bases[shard] = label_bases([columns])[0]
             if self._advice is not None:
                 advise_column(columns.samples, self._advice)
@@ -404,22 +404,23 @@ class ShardStore:
         self.columns([shard])
         return column_offsets(self._path(shard))
 
-    def _column_remainders(self, modulo):
-        """Return the sample column offsets modulo ``modulo`` of the first, middle and last shards (local files).
+    def usual_remainder(self, modulo):
+        """Return the most common sample column offset modulo ``modulo`` of the first, middle and last shards.
 
-        Read without opening the shards (StitchedRows picks the most common; NOTE [stitched rows]); a shard
-        that cannot be read so has no say (it is checked, and its damage reported, when it is opened); a
-        cached store's shards are not fetched for this: empty.
+        The byte the stitched rows and the window reads lay their views out from (NOTE [stitched rows],
+        NOTE [window reads]). Read without opening the shards: a shard that cannot be read so has no say
+        (it is checked, and its damage reported, when it is opened). None where no shard could be read, or
+        for a cached store (its shards are not fetched for this).
         """
         if self.cache is not None:
-            return []
+            return None
         last, remainders = self.index.num_shards - 1, []
         for shard in sorted({0, last // 2, last}):
             try:
                 remainders.append(column_offsets(self._paths[shard])[0] % modulo)
             except (OSError, ValueError, FormatError):  # pyarrow's ArrowInvalid is a ValueError
                 continue
-        return remainders
+        return max(remainders, key=remainders.count) if remainders else None
 
     def check_unchanged(self, shard, stat):
         """Raise FormatError unless ``stat`` of ``shard``'s file matches the fingerprint it was checked with.

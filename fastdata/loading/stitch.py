@@ -104,20 +104,20 @@ class StitchedRows:
             self._mapped, self._retired, self._leases, self._pid = np.zeros_like(self._mapped), set(), 0, os.getpid()
             self._kept, self._lock, self._copied = [], threading.Lock(), {}
 
-    def place(self, shard, columns, path, remainders):
+    def place(self, shard, columns, path, usual_remainder):
         """Return ``shard``'s Columns with their sample rows read from its slot, or ``columns`` where they cannot be.
 
-        ``path`` is the shard's file; ``remainders(PAGE)`` the column offsets of a few shards modulo
-        the page, from which the first call picks the view's (see NOTE [stitched rows]).
+        ``path`` is the shard's file; ``usual_remainder(PAGE)`` the column offset modulo the page most
+        shards have (or None), which the first call takes for the view's (see NOTE [stitched rows]).
         One map of the rows, not two: the kernel hints of readahead.py (access pattern, reclaim) act on
         the pages of one mapping; the shard's own map of the rows is dropped with ``columns``.
         """
-        if not self.map(shard, columns.samples, path, remainders):
+        if not self.map(shard, columns.samples, path, usual_remainder):
             return columns
         start = int(self.slots[shard])
         return Columns(self.view[start : start + int(self._counts[shard])], columns.labels, columns.offsets)
 
-    def map(self, shard, column, path, remainders):
+    def map(self, shard, column, path, usual_remainder):
         """Map ``shard``'s rows (``column``, in the file ``path``) into its slot; return False where they cannot be."""
         self._own()
         source = next((array for array in (column, column.base) if isinstance(array, np.memmap)), None)  # or a view
@@ -128,8 +128,8 @@ class StitchedRows:
         offset = int(source.offset) if source is not None else int(column_offsets(path)[0])
         with self._lock:
             if self._residue is None:
-                probed = remainders(PAGE) or [offset % PAGE]  # not a vote of its own: it would tie 2 to 2
-                self._residue = max(probed, key=probed.count)
+                usual = usual_remainder(PAGE)
+                self._residue = offset % PAGE if usual is None else usual
                 if not self._reserve():
                     return self._disable("the kernel refused to reserve an address range for the rows")
             self._retired.discard(shard)

@@ -167,7 +167,9 @@ class WindowReads:
         rows = SLOTS * self.slot_rows + 1
         self._memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment,  # page-aligned; pages made as read
                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self._base = self._common_remainder()  # view row 0's byte: see NOTE [window reads]
+        step = int(np.gcd(self.row_bytes, self.alignment))
+        usual = self.store.usual_remainder(step)  # view row 0's byte: see NOTE [window reads]
+        self._base = self._column_offsets(0)[0] % step if usual is None else usual
         self.view = np.ndarray((rows, *self.row_shape), self.dtype, buffer=self._memory, offset=self._base)
         self.labels = np.zeros(rows, np.int64)
         self._label_base = self.labels.ctypes.data
@@ -176,13 +178,6 @@ class WindowReads:
         threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
                          name="fastdata-windows").start()
         weakref.finalize(self, _stop, self._slots, self._pool)
-
-    def _common_remainder(self):
-        """Return the remainder modulo ``gcd(row bytes, alignment)`` of most probed shards' sample columns."""
-        step = int(np.gcd(self.row_bytes, self.alignment))
-        last = self.store.index.num_shards - 1
-        remainders = [self._column_offsets(shard)[0] % step for shard in sorted({0, last // 2, last})]
-        return max(remainders, key=remainders.count)
 
     def _column_offsets(self, shard):
         """Return ``(samples, labels)``: where ``shard``'s columns start in its file (the shard checked first)."""
