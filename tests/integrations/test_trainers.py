@@ -1,7 +1,7 @@
-"""Lightning and accelerate as users run them: DDP on CPU with gloo, 2 ranks, 0 and 2 workers.
+"""Lightning, accelerate and torchrun + torch.distributed.checkpoint as users run them: gloo, 2 ranks, 0 and 2 workers.
 
-Each test starts a real trainer (lightning_run.py, accelerate_run.py) in a
-session of its own, once uninterrupted with a checkpoint saved mid-epoch,
+Each test starts a real trainer (lightning_run.py, accelerate_run.py,
+torchrun_dcp_run.py) in a session of its own, once uninterrupted with a checkpoint saved mid-epoch,
 then once resumed from that checkpoint; every rank records the samples of
 its batches (trainer_record.py). Checked: each global step's shares are
 disjoint, every sample is trained once per epoch, every rank has the same
@@ -42,6 +42,8 @@ END_SECONDS = 10  # what a trainer started may take to end after the trainer ret
 ACCELERATE_LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(WORLD),
                      "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                      "--main_process_port", "{port}"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-addr",
+            "127.0.0.1", "--master-port", "{port}"]
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples")
 
 
@@ -168,11 +170,14 @@ def test_lightning_ddp_gives_each_rank_its_share_and_resumes_mid_epoch(photos, t
     assert [record["validated"] for record in full + resumed] == [2 * EPOCHS] * WORLD + [2] * WORLD  # cut short
 
 
-@pytest.mark.parametrize(("num_workers", "made"), [(0, "early"), (2, "late")])
-def test_accelerate_gives_each_rank_its_share_and_resumes_mid_epoch(photos, tmp_path, num_workers, made):
+@pytest.mark.parametrize(("launcher", "num_workers", "made"), [
+    ("accelerate", 0, "early"), ("accelerate", 2, "late"), ("torchrun_dcp", 0, "late"), ("torchrun_dcp", 2, "early")])
+def test_accelerate_and_torchrun_with_dcp_give_each_rank_its_share_and_resume_mid_epoch(photos, tmp_path, launcher,
+                                                                                         num_workers, made):
+    # torchrun_dcp: the loader is a Stateful in torch.distributed.checkpoint, as with torchdata's StatefulDataLoader
     spec = {"path": photos, "out": os.fspath(tmp_path), "num_workers": num_workers, "batch_size": BATCH,
             "epochs": EPOCHS, "made": made, "checkpoint_step": CHECKPOINT_STEP, "resume": None}
-    command = [*ACCELERATE_LAUNCH, os.path.join(HERE, "accelerate_run.py")]
+    command = [*(ACCELERATE_LAUNCH if launcher == "accelerate" else TORCHRUN), os.path.join(HERE, f"{launcher}_run.py")]
     full = launch(command, {**spec, "name": "full"}, tmp_path)
     resumed = launch(command, {**spec, "name": "resumed", "resume": os.path.join(tmp_path, "checkpoint")}, tmp_path)
     check_runs(photos, full, resumed)
