@@ -6,7 +6,8 @@ SPEC is a JSON file: ``path`` (a packed file or shard folder), ``world_size``,
 the group is up) and ``runs``, each a dict of ``batch_size``, ``options``
 (make_loader keywords), ``epochs`` and optionally ``bucket``
 (BucketBatchSampler keywords with ``lengths``: a bucketed loader of this
-rank), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
+rank), ``early`` (the loader is made before the process group exists:
+NOTE [late rank] in samplers.py), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
 steps]``: take the state after that many batches of that epoch, then end
 the run), ``sleep`` (seconds per step) and ``announce`` (the rank that
 prints each step). Rank and world size come from the process group. Every
@@ -39,13 +40,15 @@ def make_rank_loader(dataset, spec):
         return make_loader(dataset, spec["batch_size"], **spec["options"])
     keywords = {key: value for key, value in spec["bucket"].items() if key != "lengths"}
     sampler = BucketBatchSampler(np.asarray(spec["bucket"]["lengths"]), spec["batch_size"], **keywords)  # the group's
-    assert (sampler.rank, sampler.world_size) == (dist.get_rank(), dist.get_world_size())  # rank, by default
+    if not spec.get("early"):  # rank, by default (an early one takes it when first asked: NOTE [late rank])
+        assert (sampler.rank, sampler.world_size) == (dist.get_rank(), dist.get_world_size())
     return make_loader(dataset, batch_sampler=sampler, **spec["options"])
 
 
-def run(dataset, spec):
-    """Iterate one loader as ``spec`` says; return what the parent checks."""
-    loader = make_rank_loader(dataset, spec)
+def run(dataset, spec, loader=None):
+    """Iterate one loader (``loader``, or one made now) as ``spec`` says; return what the parent checks."""
+    if loader is None:
+        loader = make_rank_loader(dataset, spec)
     if spec.get("state") is not None:
         loader.load_state_dict(spec["state"])
     epochs, stop, state = [], spec.get("stop"), None
@@ -76,13 +79,15 @@ def main(spec_path, rank):
     with open(spec_path) as f:
         spec = json.load(f)
     torch.set_num_threads(1)
+    early = {run_number: make_rank_loader(open_dataset(spec["path"]), one)
+             for run_number, one in enumerate(spec["runs"]) if one.get("early")}
     dist.init_process_group("gloo", rank=rank, world_size=spec["world_size"],
                             timeout=datetime.timedelta(seconds=spec["timeout"]))
     if str(rank) in spec.get("cgroups", {}):  # joined now, its memory so far stays charged where it was
         with open(spec["cgroups"][str(rank)], "w") as f:
             f.write(f"{os.getpid()}\n")
     dataset = open_dataset(spec["path"])
-    results = [run(dataset, one) for one in spec["runs"]]
+    results = [run(dataset, one, early.get(run_number)) for run_number, one in enumerate(spec["runs"])]
     with open(os.path.join(spec["out"], f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()

@@ -202,6 +202,8 @@ RUNS = {  # make_loader keywords besides batch_size; rank and world size come fr
     "block-pad-workers": {"shuffle": "block", "seed": 7, "remainder": "pad", "block_size": 4, "window": 3,
                           "num_workers": 2},
     "bucket-workers": {"num_workers": 2},  # with a BucketBatchSampler of BUCKET
+    "auto-early": {"shuffle": True, "seed": 5},  # made before the process group exists (NOTE [late rank])
+    "bucket-workers-early": {"num_workers": 2},
 }
 BUCKET = {"pool_batches": 3, "seed": 8, "drop_last": True, "lengths": (np.arange(PRIME) * 7 % 11).tolist()}
 EPOCHS = 2
@@ -214,8 +216,8 @@ def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled
                                                                          sharded):
     path, share = labeled_files(PRIME, sharded=sharded), GLOBAL_BATCH // world_size
     # 2 ms a step: a busy loop, so batches are read ahead on a thread, the next epoch's first one included
-    runs = [run_spec(share, options, EPOCHS, bucket=BUCKET if name.startswith("bucket") else None, sleep=0.002)
-            for name, options in RUNS.items()]
+    runs = [run_spec(share, options, EPOCHS, bucket=BUCKET if name.startswith("bucket") else None, sleep=0.002,
+                     early=name.endswith("early")) for name, options in RUNS.items()]
     results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
     for run, (name, options) in enumerate(RUNS.items()):
         states = [result[run]["state"] for result in results]
