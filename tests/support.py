@@ -173,14 +173,21 @@ def column_regions(path):
     real = os.path.realpath(path)
     regions = {}
     for name, array in stored_columns(columns).items():
-        address = array.__array_interface__["data"][0]
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=5)
-                start, stop = (int(x, 16) for x in fields[0].split("-"))
-                if start <= address < stop and len(fields) == 6 and fields[5].strip() == real:
-                    regions[name] = (address - start + int(fields[2], 16), array.nbytes)
+        mapped, offset = mapped_at(array.__array_interface__["data"][0])
+        if mapped == real:
+            regions[name] = (offset, array.nbytes)
     return regions
+
+
+def mapped_at(address):
+    """Return ``(file, offset)``: the file mapped at ``address`` in this process and its byte there; else Nones."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, stop = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < stop and len(fields) == 6:
+                return fields[5].strip(), address - start + int(fields[2], 16)
+    return None, None
 
 
 def private_copy(path, tmp_path, name="copy"):

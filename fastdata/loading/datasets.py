@@ -45,6 +45,7 @@ from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
 from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.loading.decoders import decoder_for
+from fastdata.loading.huggingface import to_hf
 from fastdata.loading.readahead import check_pattern
 from fastdata.loading.remote import open_remote_store
 from fastdata.loading.shards import ShardStore
@@ -359,6 +360,32 @@ class PackedDataset(Dataset):
     def fallbacks(self) -> dict[str, str]:
         """Return the fast paths that could not apply in this process (a key each) and what was warned about them."""
         return dict(self._store.read_paths.fallbacks)
+
+    def to_hf(self):
+        """Return the stored samples and labels as a Hugging Face ``datasets.Dataset``, over the files' memory maps.
+
+        Columns: ``image`` (raw: ``Array3D`` uint8 ``[3, H, W]``; JPEG: ``Image()``, decoded to PIL by Hugging
+        Face) or ``input_ids`` (the stored token ids), and ``label`` (``ClassLabel`` of ``classes``). Samples
+        are as stored: ``transform`` is not applied. Hugging Face's numpy and torch formats give integers as
+        int64 unless asked otherwise (``with_format("torch", dtype=torch.uint8)``). What is copied: NOTE
+        [hf columns] in huggingface.py; why Hugging Face does not open the files itself: NOTE [hf files].
+
+        Raises:
+            MissingDependencyError: ``datasets`` is not installed (``pip install 'fastdata[integrations]'``).
+            OptionError: the dataset is read from a URL.
+            FormatError: a file is damaged, or changed since the dataset was opened.
+
+        Example:
+            >>> hf = open_dataset("train.h5").to_hf()
+            >>> hf.features["label"].names == open_dataset("train.h5").classes
+            True
+        """
+        if self.is_remote:
+            raise OptionError(
+                f"to_hf() reads local files, and {self.path!r} is a URL: copy the folder to a local disk (e.g. "
+                "fsspec's get(url, local, recursive=True)) and call open_dataset(local).to_hf()"
+            )
+        return to_hf(self._store, self.metadata, self.fingerprint)
 
     def _check_index(self, index):
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):

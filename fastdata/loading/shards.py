@@ -331,6 +331,13 @@ class ShardStore:
             return _plain(self._read(self._paths[shard], check=False)[0])
         return self._checked(shard, self._paths[shard])
 
+    def read_apart(self, shard):
+        """Return the Columns of local ``shard`` read on their own, checked as an open checks them.
+
+        Not one of the open shards, nor placed in the stitched rows: for a reader that keeps them (to_hf).
+        """
+        return self._open_shard(shard)
+
     def _open_cached(self, shard):
         """Open the local copy of a cached ``shard``, fetched and held first (see NOTE [cached shards])."""
         self._make_room(shard)
