@@ -263,6 +263,15 @@ def start_methods(*methods):
             for method in methods if method in available]
 
 
+def free_port():
+    """Return a TCP port on 127.0.0.1 that nothing listens on (now)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def wait_for(condition, what, seconds=120):
     """Poll ``condition()`` until it is true and return its value; fail after ``seconds``."""
     import time

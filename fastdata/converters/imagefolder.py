@@ -239,10 +239,11 @@ def convert_imagefolder(
     classes, paths, labels = found.classes, found.paths, found.labels
     unreadable = _apply_on_error_to_folders(found.unreadable, on_error)
     if is_folder_output(out):
+        # The tasks name their images from src: absolute, for workers in another folder (a Dask cluster's).
         return convert_to_shards(
-            src, out, found, spec, storage, quality, on_error, started, container=container, overwrite=overwrite,
-            shard_size=shard_size, resume=resume, executor=executor, part=part, workers=workers, progress=progress,
-            remote=remote,
+            os.path.abspath(src), out, found, spec, storage, quality, on_error, started, container=container,
+            overwrite=overwrite, shard_size=shard_size, resume=resume, executor=executor, part=part, workers=workers,
+            progress=progress, remote=remote,
         )
     with staged_output(out, overwrite) as (staging, staged_path):
         sink = _RawSink(staging, len(paths), spec) if storage == "raw" else _JpegSink(staging)

@@ -109,6 +109,15 @@ def test_shard_folder_is_the_same_bytes_on_an_executor(source_root, tmp_path, sh
     assert folder_bytes(tmp_path / "out") == folder_bytes(sharded_reference("arrow", "jpeg"))
 
 
+def test_a_relative_source_converts_on_workers_that_run_in_another_folder(source_root, tmp_path, monkeypatch,
+                                                                          sharded_reference, sharded_options):
+    # A Dask cluster's workers run in their own folder: README's "--dask" line names its source "imagenet/train".
+    monkeypatch.chdir(source_root.parent)
+    with ProcessPoolExecutor(2, initializer=os.chdir, initargs=(tmp_path,)) as executor:
+        convert_imagefolder(source_root.name, tmp_path / "out", executor=executor, **sharded_options())
+    assert folder_bytes(tmp_path / "out") == folder_bytes(sharded_reference())
+
+
 def test_shard_folder_is_the_same_bytes_on_a_dask_cluster(source_root, tmp_path, sharded_reference, sharded_options):
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:
