@@ -361,6 +361,10 @@ class PackedDataset(Dataset):
         """Return the fast paths that could not apply in this process (a key each) and what was warned about them."""
         return dict(self._store.read_paths.fallbacks)
 
+    def changed_files(self) -> dict[str, str]:
+        """Return ``{path: what changed}`` of this dataset's local files that are no longer the ones it opened."""
+        return self._store.changed_files()
+
     def to_hf(self):
         """Return the stored samples and labels as a Hugging Face ``datasets.Dataset``, over the files' memory maps.
 

@@ -436,6 +436,28 @@ class ShardStore:
         """
         self._compare_fingerprint(shard, None if stat is None else (stat.st_size, stat.st_mtime_ns, stat.st_ino))
 
+    def changed_files(self):
+        """Return ``{path: what changed}`` of the local shard files that are not the ones this store was opened on.
+
+        A shard checked in this process is compared with its fingerprint, any other with its size in the index
+        (one stat per shard: for explaining a failure, not for every batch). A cached store's copies: none.
+        """
+        if self.cache is not None:
+            return {}
+        changed = {}
+        for shard, path in enumerate(self._paths):
+            try:
+                now = self._stat(path)
+            except FileNotFoundError:
+                now = None
+            before = self._fingerprints.get(shard)
+            if before is not None and now != before:
+                changed[path] = _change(before, now)
+            elif before is None and (now is None or now[0] != self.index.sizes[shard]):
+                size = self.index.sizes[shard]
+                changed[path] = "was deleted" if now is None else f"has {now[0]} bytes, the index says {size}"
+        return changed
+
     def _check_unchanged(self, shard):
         """Raise FormatError if ``shard`` is not the file it was when first checked (see NOTE [fingerprint])."""
         try:

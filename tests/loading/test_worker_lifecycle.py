@@ -1,11 +1,13 @@
 """An iteration of a worker loader left early frees its slots and workers (NOTE [abandoned iterations])."""
 
 import multiprocessing
+import os
 
 import pytest
 import torch
 
 from fastdata import make_loader, open_dataset
+from fastdata.errors import FormatError
 
 BATCH = 4
 
@@ -70,3 +72,24 @@ def test_a_with_block_ends_the_workers(loader_of):
         images, _ = next(batches)
         assert isinstance(images, torch.Tensor) and multiprocessing.active_children()
     assert not multiprocessing.active_children() and not loader.dataset.slots.busy.any()
+
+
+def test_a_worker_killed_by_shards_truncated_under_it_reports_the_files_that_changed(shard_converted, shard_copy):
+    # NOTE [worker bus error]: with every shard open in the workers, their next touch past a shard's new end is a
+    # SIGBUS unless their own fingerprint check (at most once a second) comes first: a FormatError naming a shard
+    folder = shard_copy(shard_converted("hdf5", "jpeg"))
+    loader = make_loader(open_dataset(folder), BATCH, shuffle=True, seed=3, num_workers=2, persistent_workers=True,
+                         multiprocessing_context="fork")
+    try:
+        epoch_labels(loader)  # every shard opened and checked in both workers
+        batches = iter(loader)
+        next(batches)
+        shards = sorted(folder.glob("*.h5"))
+        assert len(shards) > 1
+        for shard in shards:
+            os.truncate(shard, shard.stat().st_size // 2)
+        with pytest.raises(FormatError, match=f"{folder}/shard-\\d+\\.h5'"):
+            for _ in batches:
+                pass
+    finally:
+        loader.close()
