@@ -19,7 +19,14 @@ from fastdata.formats.layout import (
     sample_ranges,
     stored_columns,
 )
-from fastdata.formats.shards import INDEX_NAME, file_checksum, parse_column, read_index, shard_differences
+from fastdata.formats.shards import (
+    INDEX_NAME,
+    file_checksum,
+    parse_column,
+    read_index,
+    shard_differences,
+    shard_mismatch,
+)
 
 _SCAN = 1 << 22  # token ids per numpy pass of the vocabulary check
 
@@ -262,8 +269,8 @@ def verify_folder(root, quick=False):
             shard_report, labels = found
             report.format_version = report.format_version or shard_report.format_version
             shard_reports.append(shard_report)
-            if labels is not None and len(counts):
-                counts += np.bincount(labels[labels >= 0], minlength=len(counts))[: len(counts)]
+            if labels is not None and _labels_in_classes(report, index, shard, labels) and len(counts):
+                counts += np.bincount(labels[labels >= 0], minlength=len(counts))
     report.checked += _merge_checked(shard_reports)
     counted = not quick and report.ok and "class_counts" in index.metadata  # every shard read, its labels in range
     if counted and counts.tolist() != index.metadata["class_counts"]:
@@ -274,6 +281,18 @@ def verify_folder(root, quick=False):
     _verify_columns(report, index, quick)
     _note_unlisted(report, index)
     return report
+
+
+def _labels_in_classes(report, index, shard, labels):
+    """Report the labels of ``shard`` that name none of the classes the index lists; return whether all do."""
+    bad = bad_label_samples(labels, index.metadata)
+    if len(bad):
+        start = int(index.starts[shard])
+        message = (f"{index.names[shard]!r}: labels outside {label_bounds(index.metadata)}, the classes "
+                   f"{INDEX_NAME} lists, at dataset {format_samples(bad + start)} (label {labels[bad[0]]}): the "
+                   "index's classes are cut short, or the shard is another dataset's")
+        report.problems.append(Problem("labels", message, bad + start))
+    return not len(bad)
 
 
 def _verify_columns(report, index, quick):
@@ -292,6 +311,10 @@ def _verify_columns(report, index, quick):
             report.problems.append(Problem("columns", str(exc)))
             continue
         report.checked.append(f"{entry['name']} crc32")
+        if name == "labels" and len(bad := bad_label_samples(values, index.metadata)):
+            report.problems.append(Problem("columns", f"{entry['name']!r}: labels outside "
+                                                      f"{label_bounds(index.metadata)}, the classes {INDEX_NAME} "
+                                                      f"lists, at {format_samples(bad)}", bad))
         if quick or not report.ok:
             continue
         differ = np.flatnonzero(values != _shards_column(index, name))
@@ -339,8 +362,11 @@ def _verify_shard(report, index, shard, quick):
     columns, metadata = read_packed(path, check=False)
     differ = shard_differences(metadata, index.metadata)
     if differ:
-        message = f"{name!r} differs from the dataset in {', '.join(differ)}: a shard of another conversion"
+        message = (f"{name!r} differs from the dataset in {', '.join(differ)}: a shard of another conversion, "
+                   "or the index edited")
         report.problems.append(Problem("shard", message, samples))
+    if (mismatch := shard_mismatch(index, shard, metadata)) is not None:  # see NOTE [shard identity]
+        report.problems.append(Problem("shard", f"{name!r} {mismatch} ({format_samples(samples)})", samples))
     return shard_report, None if quick or not shard_report.ok else np.asarray(columns.labels)
 
 

@@ -206,8 +206,32 @@ def overwrite(path, offset, data):
         f.write(data)
 
 
+def rewrite_index(root, change):
+    """Rewrite ``root/index.json`` as ``change(index)`` leaves the parsed JSON object (in place)."""
+    import json
+
+    path = os.path.join(root, "index.json")
+    with open(path) as f:
+        index = json.load(f)
+    change(index)
+    with open(path, "w") as f:
+        json.dump(index, f)
+
+
 def downgrade_to_version1(path):
     """Rewrite a packed file as format version 1 wrote it: no checksums, ``format_version`` 1."""
+    def version1(metadata):
+        del metadata["checksums"]
+        metadata["format_version"] = 1
+
+    return rewrite_metadata(path, version1, drop_checksums=True)
+
+
+def rewrite_metadata(path, change, drop_checksums=False):
+    """Rewrite the stored metadata of the packed file at ``path`` as ``change(metadata)`` leaves it (in place).
+
+    ``drop_checksums``: remove HDF5's checksum group too (Arrow's are in the metadata).
+    """
     import json
 
     import h5py
@@ -219,23 +243,21 @@ def downgrade_to_version1(path):
     if path.endswith(".h5"):
         with h5py.File(path, "r+") as f:
             metadata = json.loads(f.attrs[METADATA_KEY])
-            del f["checksums"]
-            f.attrs[METADATA_KEY] = _version1_metadata(metadata)
+            change(metadata)
+            if drop_checksums:
+                del f["checksums"]
+            f.attrs[METADATA_KEY] = json.dumps(metadata)
         return path
     with pa.memory_map(path, "r") as source:
         table = pa.ipc.open_file(source).read_all()
     metadata = json.loads(table.schema.metadata[METADATA_KEY.encode()])
-    table = table.replace_schema_metadata({METADATA_KEY: _version1_metadata(metadata)})
+    change(metadata)
+    kept = {} if drop_checksums else dict(table.schema.metadata)
+    table = table.replace_schema_metadata({**kept, METADATA_KEY.encode(): json.dumps(metadata).encode()})
     with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     os.replace(path + ".tmp", path)
     return path
-
-
-def _version1_metadata(metadata):
-    import json
-
-    return json.dumps({**{key: value for key, value in metadata.items() if key != "checksums"}, "format_version": 1})
 
 
 def run_cli(*args):

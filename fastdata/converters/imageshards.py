@@ -31,6 +31,7 @@ from fastdata.converters.shards import (
 )
 from fastdata.errors import OptionError
 from fastdata.formats import Columns
+from fastdata.formats.shards import conversion_id
 
 _ESTIMATE_INPUTS = 32  # jpeg storage: images encoded to estimate the bytes per sample
 
@@ -114,7 +115,7 @@ def _plan(src, found, spec, storage, quality, settings):
     sample_bytes = 3 * spec.height * spec.width
     if storage == "jpeg":
         sample_bytes = _estimated_jpeg_bytes(src, found.paths, spec, quality) or sample_bytes
-    return {
+    plan = {
         "kind": "image",
         "container": settings["format"],
         "settings": settings,
@@ -124,6 +125,7 @@ def _plan(src, found, spec, storage, quality, settings):
         "source": source_metadata(src, found),
         "unreadable": [list(pair) for pair in found.unreadable],
     }
+    return {**plan, "conversion": conversion_id(plan)}  # see NOTE [shard identity] in formats/shards.py
 
 
 def _estimated_jpeg_bytes(src, paths, spec, quality):
@@ -158,13 +160,14 @@ class _ShardTask:
     on_error: str
     metadata: dict
     remote: object = None  # a URL's RemoteFolder: root is then the staging folder of the worker's machine
+    conversion: str | None = None  # the plan's id, recorded by every shard (None: a plan written before ids)
 
 
 def _task(folder, number, bounds, src, found, spec, storage, quality, on_error):
     start, stop = int(bounds[number]), int(bounds[number + 1])
     return _ShardTask(folder.root, number, start, os.fspath(src), found.paths[start:stop], found.labels[start:stop],
                       spec, storage, quality, folder.container, on_error, folder.plan["sample_metadata"],
-                      folder.remote)
+                      folder.remote, folder.plan.get("conversion"))
 
 
 def _write_image_shard(task):
@@ -175,8 +178,10 @@ def _write_image_shard(task):
         close_c_stderr()
     labels = task.labels[kept]
     stop = task.start + len(task.paths)
-    metadata = {**task.metadata, "num_samples": len(kept), "shard": {"number": task.number, "inputs": [task.start,
-                                                                                                     stop]}}
+    place = {"number": task.number, "inputs": [task.start, stop]}  # see NOTE [shard identity] in formats/shards.py
+    if task.conversion is not None:
+        place["conversion"] = task.conversion
+    metadata = {**task.metadata, "num_samples": len(kept), "shard": place}
     root = task.root if task.remote is None else task.remote.worker_root()
     facts = {"name": None, "bytes": 0, "crc32": None}
     if kept:

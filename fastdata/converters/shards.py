@@ -396,11 +396,12 @@ def index_shards(root, missing_ok=False, remote=None):
         return None
     module, name = _METADATA_OF[plan["kind"]]
     metadata = getattr(importlib.import_module(module), name)(plan, records)
-    shards = [{key: r[key] for key in ("name", "num_samples", "bytes", "crc32")} for r in records if r["num_samples"]]
+    shards = [{**{key: r[key] for key in ("name", "num_samples", "bytes", "crc32", "inputs")}, "number": number}
+              for number, r in enumerate(records) if r["num_samples"]]  # see NOTE [shard identity]
     columns = {}
     if all("label_runs" in record for record in records):  # see NOTE [column files]; older records: none
         columns["labels"] = write_column(root, "labels", labels_of_runs([r["label_runs"] for r in records]))
-    write_index(root, plan["container"], metadata, plan["settings"], shards, columns)
+    write_index(root, plan["container"], metadata, plan["settings"], shards, columns, plan.get("conversion"))
     if remote is not None:  # last: every shard is there
         for entry in columns.values():
             remote.put(os.path.join(root, entry["name"]), entry["name"])

@@ -18,7 +18,7 @@ from fastdata.converters.shards import (
 )
 from fastdata.errors import OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import write_column, write_index
+from fastdata.formats.shards import conversion_id, write_column, write_index
 from fastdata.storage.urls import is_url
 
 _SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
@@ -111,20 +111,21 @@ def write_shard_folder(root, settings, sink, table, labels, metadata, truncated,
                            settings["shard_size"])
     inputs = np.concatenate([[0], np.asarray(kept, dtype=np.int64)[bounds[1:-1]], [num_inputs]])
     per_sample = {key: metadata[key] for key in _SHARD_KEYS}
-    shards = []
+    conversion, shards = conversion_id([settings, metadata]), []  # see NOTE [shard identity] in formats/shards.py
     for number in reversed(range(len(bounds) - 1)):
         start, stop = int(bounds[number]), int(bounds[number + 1])
         ids = sink.pop_from(offsets[start])
         part = Columns(ids if table is None else np.take(table, ids), labels[start:stop],
                        offsets[start : stop + 1] - offsets[start])
+        place = {"number": number, "inputs": inputs[number : number + 2].tolist()}
         facts = write_shard(root, number, container, part, {
             **per_sample,
             "num_samples": stop - start,
             "lengths": length_stats(lengths[start:stop], truncated[start:stop]),
-            "shard": {"number": number, "inputs": inputs[number : number + 2].tolist()},
+            "shard": {**place, "conversion": conversion},
         })
-        shards.append({**facts, "num_samples": stop - start})
+        shards.append({**facts, **place, "num_samples": stop - start})
     shards.reverse()
     settings = {**settings, "preprocessing": metadata["preprocessing"], "source": metadata["source"]}
     columns = {"labels": write_column(root, "labels", labels), "lengths": write_column(root, "lengths", lengths)}
-    write_index(root, container, metadata, settings, shards, columns)
+    write_index(root, container, metadata, settings, shards, columns, conversion)

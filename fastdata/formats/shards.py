@@ -3,15 +3,16 @@
 Each shard is an ordinary packed file (``shard-00000.h5`` or ``.arrow``) of
 consecutive samples; its metadata holds the dataset's per-sample facts
 (kind, storage, sample shape and dtype, classes, tokenizer) and its place
-(``shard``: its number and the inputs it was made from). The index, written
-last, is one JSON object (never pickle)::
+(``shard``: the conversion's id, its number and the inputs it was made
+from; NOTE [shard identity]). The index, written last, is one JSON object
+(never pickle)::
 
     {"format": "fastdata", "format_version": 2, "layout": "shards",
-     "container": "hdf5", "num_samples": N,
+     "container": "hdf5", "num_samples": N, "conversion": "5f0c9e2a41b7d3e8",
      "settings": {...},          # what the conversion was asked to do
      "metadata": {...},          # the dataset: classes and counts, mean/std, skipped inputs...
      "shards": [{"name": "shard-00000.h5", "start": 0, "num_samples": n,
-                 "bytes": b, "crc32": "89abcdef"}, ...],
+                 "bytes": b, "crc32": "89abcdef", "number": 0, "inputs": [0, n]}, ...],
      "columns": {"labels": {"name": "labels.npy", "bytes": b, "crc32": "..."},
                  "lengths": {...}}}   # optional: see NOTE [column files]
 
@@ -25,13 +26,33 @@ reader takes them in one request each, checked against the index; an index
 without them (older folders, or records written before them) reads the
 shards, as before. ``fastdata verify`` compares them with the shards.
 
+NOTE [shard identity]: equal-size shards swapped on disk, a shard copied
+from another conversion, or index entries reordered or listed twice were
+read as other samples without a word (only ``fastdata verify``, reading
+every byte, noticed). So a shard is identified by what its own metadata and
+its index record both hold, compared when a reader opens it, from the
+metadata it parses anyway (no byte more is read): the ``conversion`` id all
+shards of one conversion share, the shard's ``number`` and the ``inputs`` it
+was made from; and the index must list numbers in increasing order, each
+once. The id is a digest of what the conversion planned (images: its plan;
+text: its settings and dataset metadata): the same inputs and settings give
+the same id and the same shards, parts that plan at once agree, a resumed
+conversion keeps it, and a folder converts byte-identical whatever the
+number of workers. A folder written before these fields is checked for what
+it has: the number its shard names carry. A reader also refuses an index
+whose container is not the one its shard files are named for (an edited
+``container``), and one listing fewer classes than it counts. Cost at open:
+see NOTE [shard fingerprint] in loading/shards.py.
+
 A folder without ``index.json`` is not a dataset (yet): a conversion that
 has not finished, or whose parts are still running.
 """
 
+import hashlib
 import io
 import json
 import os
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -46,6 +67,8 @@ LAYOUT = "shards"
 CONTAINER_EXTENSIONS = {"hdf5": ".h5", "arrow": ".arrow"}
 _READ_BYTES = 4 << 20  # file checksums read this many bytes at a time
 _SAME_IN_EVERY_SHARD = ("kind", "storage", "sample_shape", "sample_dtype")  # what a reader needs alike
+_NUMBERED = re.compile(r"shard-(\d+)\.(?:h5|arrow)")  # shard_name's names: a number where the index has none
+_PLACE_KEYS = ("number", "inputs")  # what an index record and a shard's own ``shard`` metadata both hold
 
 
 def shard_name(number, container):
@@ -59,8 +82,47 @@ def is_shard_folder(path):
 
 
 def shard_differences(shard_metadata, dataset_metadata):
-    """Return the keys a reader needs alike (kind, storage, sample shape and dtype) where a shard differs."""
-    return [key for key in _SAME_IN_EVERY_SHARD if shard_metadata.get(key) != dataset_metadata.get(key)]
+    """Return the keys a reader needs alike (kind, storage, sample shape and dtype, classes) where a shard differs.
+
+    Classes are compared where the shard records them (NOTE [shard identity]).
+    """
+    keys = [*_SAME_IN_EVERY_SHARD, *(["classes"] if "classes" in shard_metadata else [])]
+    return [key for key in keys if shard_metadata.get(key) != dataset_metadata.get(key)]
+
+
+def conversion_id(plan):
+    """Return a conversion's id, 16 hex digits: a digest of the JSON ``plan`` (see NOTE [shard identity])."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shard_mismatch(index, shard, metadata):
+    """Return how the place ``metadata`` of a shard file records differs from ``index``'s record of ``shard``.
+
+    Returns:
+        ``"is shard 4 (inputs 12-15) of conversion 5f0c..., where the index lists shard 1 (...)"``,
+        or None where they agree in all that both record (NOTE [shard identity]).
+    """
+    if not index.places:  # one packed file: no index record
+        return None
+    own = metadata.get("shard") if isinstance(metadata.get("shard"), dict) else {}
+    listed = {**index.places[shard], "conversion": index.conversion}
+    keys = [key for key in _PLACE_KEYS if listed.get(key) is not None and own.get(key) is not None]
+    keys += ["conversion"] if listed["conversion"] is not None else []  # an index with an id: every shard has it
+    if all(own.get(key) == listed[key] for key in keys):
+        return None
+    return (f"is {_place_text(own, keys)}, where {INDEX_NAME} lists {_place_text(listed, keys)} (a shard swapped, "
+            "listed twice or copied from another conversion, or the index edited)")
+
+
+def _place_text(place, keys):
+    """Return ``"shard 4 (inputs 12-15) of conversion 5f0c9e2a41b7d3e8"`` of what ``place`` holds of ``keys``."""
+    number, inputs, conversion = (place.get(key) for key in ("number", "inputs", "conversion"))
+    text = "shard ?" if number is None or "number" not in keys else f"shard {number}"
+    if "inputs" in keys and isinstance(inputs, list) and len(inputs) == 2:
+        text += f" (inputs {inputs[0]}-{inputs[1] - 1})"
+    if "conversion" in keys:
+        text += " of no conversion id" if conversion is None else f" of conversion {conversion}"
+    return text
 
 
 def file_checksum(path):
@@ -86,6 +148,9 @@ class ShardIndex:
         sizes: int64 ``[S]`` file sizes in bytes.
         checksums: the crc32 of each shard file, 8 hex digits.
         columns: ``{"labels" | "lengths": {"name", "bytes", "crc32"}}``: the column files listed (NOTE [column files]).
+        conversion: the id every shard of the conversion records; None in a folder written before ids.
+        places: ``[{"number", "inputs"}]`` per shard, as the index records them (the number from the name in
+            older folders; None where unknown); empty for one packed file. See NOTE [shard identity].
     """
 
     root: str
@@ -97,6 +162,8 @@ class ShardIndex:
     sizes: np.ndarray
     checksums: list
     columns: dict = field(default_factory=dict)
+    conversion: str | None = None
+    places: list = field(default_factory=list)
 
     @property
     def num_samples(self):
@@ -150,7 +217,7 @@ def parse_column(data, entry, num_samples, where):
     return values
 
 
-def write_index(root, container, metadata, settings, shards, columns=None):
+def write_index(root, container, metadata, settings, shards, columns=None, conversion=None):
     """Write ``root/index.json`` atomically (a temporary file, flushed to disk, then renamed).
 
     Args:
@@ -158,9 +225,10 @@ def write_index(root, container, metadata, settings, shards, columns=None):
         container: "hdf5" or "arrow".
         metadata: the dataset metadata (``num_samples`` included).
         settings: the conversion settings, compared on resume.
-        shards: ``[{"name", "num_samples", "bytes", "crc32"}, ...]`` in sample order; shards of
-            no samples are left out.
+        shards: ``[{"name", "num_samples", "bytes", "crc32", "number", "inputs"}, ...]`` in sample order
+            (``number`` and ``inputs`` as the shard's metadata records them); shards of no samples are left out.
         columns: the entries of the column files written (``write_column``), by name.
+        conversion: the id the shards record (``conversion_id``; NOTE [shard identity]).
     """
     start, entries = 0, []
     for shard in shards:
@@ -175,6 +243,7 @@ def write_index(root, container, metadata, settings, shards, columns=None):
         "layout": LAYOUT,
         "container": container,
         "num_samples": start,
+        **({"conversion": conversion} if conversion else {}),
         "settings": settings,
         "metadata": metadata,
         "shards": entries,
@@ -244,6 +313,8 @@ def parse_index(data, where, root):
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if starts[-1] != index["num_samples"] or any(s["start"] != int(b) for s, b in zip(shards, starts)):
         raise FormatError(f"{where!r}: shard sample ranges do not add up to {index['num_samples']} samples")
+    places = [_place(shard) for shard in shards]
+    _check_order(places, where)
     return ShardIndex(
         root=root,
         container=index["container"],
@@ -254,7 +325,30 @@ def parse_index(data, where, root):
         sizes=np.array([shard["bytes"] for shard in shards], dtype=np.int64),
         checksums=[shard["crc32"] for shard in shards],
         columns=index.get("columns", {}),
+        conversion=index.get("conversion"),
+        places=places,
     )
+
+
+def _place(entry):
+    """Return ``{"number", "inputs"}`` of an index record: recorded, else the number its name carries, else None."""
+    number, inputs = entry.get("number"), entry.get("inputs")
+    if not isinstance(number, int) and (named := _NUMBERED.fullmatch(entry["name"])):
+        number = int(named[1])
+    return {"number": number if isinstance(number, int) else None, "inputs": inputs if isinstance(inputs, list)
+            else None}
+
+
+def _check_order(places, where):
+    """Refuse an index listing shard numbers out of order or twice (NOTE [shard identity])."""
+    numbers = [place["number"] for place in places if place["number"] is not None]
+    for position, (before, after) in enumerate(zip(numbers, numbers[1:])):
+        if after <= before:
+            raise FormatError(
+                f"{where!r} lists shard {after} after shard {before} (entry {position + 1}): its shards are out of "
+                "order or listed twice, so samples would be read as others. Run \"fastdata index\" on its folder to "
+                "rewrite it, or convert again"
+            )
 
 
 def _check_index(index, path):
@@ -273,9 +367,33 @@ def _check_index(index, path):
         name = shard.get("name") if isinstance(shard, dict) else None
         if not isinstance(name, str) or os.path.basename(name) != name or name.startswith("."):
             raise FormatError(f"{path!r}: shard entry {shard!r} is not a file of this folder")
+        _check_container(index["container"], name, path)
+    _check_classes(index["metadata"], path)
     columns = index.get("columns", {})
     if not isinstance(columns, dict) or any(
             name not in COLUMN_FILES or not isinstance(entry, dict) or entry.get("name") != COLUMN_FILES[name]
             or not isinstance(entry.get("bytes"), int) or not isinstance(entry.get("crc32"), str)
             for name, entry in columns.items()):
         raise FormatError(f"{path!r}: its column files {columns!r} are not listed as fastdata writes them")
+
+
+def _check_container(container, name, path):
+    """Refuse an index whose ``container`` is not the one its shard file ``name`` is named for (an edited index)."""
+    named = [other for other, extension in CONTAINER_EXTENSIONS.items() if name.endswith(extension)]
+    if named and named[0] != container:
+        raise FormatError(
+            f"{path!r} says its shards are {container} files, but lists {name!r}, named as {named[0]} files are: "
+            f'the index was edited or damaged. Set its "container" back to "{named[0]}", or run "fastdata index" '
+            "on its folder"
+        )
+
+
+def _check_classes(metadata, path):
+    """Refuse an index that lists fewer (or more) classes than it counts samples of (a classes list cut short)."""
+    classes, counts = (metadata.get(key) if isinstance(metadata, dict) else None for key in ("classes", "class_counts"))
+    if isinstance(classes, list) and isinstance(counts, list) and len(classes) != len(counts):
+        raise FormatError(
+            f"{path!r} lists {len(classes)} classes but counts the samples of {len(counts)}: its classes list is "
+            'damaged, and labels would name no class. Run "fastdata index" on its folder to rewrite it, or convert '
+            "again"
+        )

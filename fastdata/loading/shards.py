@@ -58,7 +58,16 @@ import numpy as np
 
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns, column_offsets
-from fastdata.formats.shards import INDEX_NAME, ShardIndex, parse_column, read_index, shard_differences
+from fastdata.formats.layout import bad_label_samples, format_samples, label_bounds
+from fastdata.formats.shards import (
+    COLUMN_FILES,
+    INDEX_NAME,
+    ShardIndex,
+    parse_column,
+    read_index,
+    shard_differences,
+    shard_mismatch,
+)
 from fastdata.loading.decoders import Parts, label_bases
 from fastdata.loading.readahead import advise_column, column_spans, hint_spans
 from fastdata.loading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
@@ -392,6 +401,8 @@ class ShardStore:
         if metadata["num_samples"] != expected or differ:
             raise self._damaged(shard, f"holds {metadata['num_samples']} samples, the index says {expected}" if
                                 not differ else f"differs from the dataset in {', '.join(differ)}")
+        if (mismatch := shard_mismatch(self.index, shard, metadata)) is not None:  # see NOTE [shard identity]
+            raise self._damaged(shard, mismatch)
         self._fingerprints[shard] = fingerprint
         return _plain(columns)
 
@@ -544,7 +555,12 @@ class ShardStore:
             except FileNotFoundError:
                 raise FormatError(f"{where!r} is missing: {self.index.root!r}'s index lists it. Restore it, or "
                                   "convert again") from None
-        return parse_column(data, entry, self.index.num_samples, where)
+        values = parse_column(data, entry, self.index.num_samples, where)
+        if entry["name"] == COLUMN_FILES["labels"] and len(bad := bad_label_samples(values, self.index.metadata)):
+            raise FormatError(f"{where!r} holds labels outside {label_bounds(self.index.metadata)}, the classes its "
+                              f"{INDEX_NAME} lists, at {format_samples(bad)}: the index's classes are cut short or the "
+                              f'labels damaged. Run "fastdata verify {self.index.root}" for details, and convert again')
+        return values
 
     def __getstate__(self):
         state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,

@@ -1,6 +1,5 @@
 """The shard index on its own: written atomically, read back, and refused when damaged or foreign."""
 
-import json
 import os
 import zlib
 
@@ -8,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import rewrite_index
 
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import FORMAT_VERSION
@@ -33,15 +33,6 @@ def write(root, counts, container="hdf5"):
     write_index(root, container, metadata, {"size": 64}, shard_entries(counts, container))
 
 
-def rewrite(root, change):
-    path = os.path.join(root, INDEX_NAME)
-    with open(path) as f:
-        index = json.load(f)
-    change(index)
-    with open(path, "w") as f:
-        json.dump(index, f)
-
-
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=30))
 def test_global_indices_map_to_the_shard_that_holds_them(tmp_path_factory, counts):
     root = tmp_path_factory.mktemp("index")
@@ -65,6 +56,20 @@ def test_index_round_trip_keeps_metadata_settings_sizes_and_checksums(tmp_path):
     assert os.listdir(tmp_path) == [INDEX_NAME]  # no temporary file left
 
 
+def test_the_conversion_and_places_of_the_shards_round_trip(tmp_path):
+    # Records with a number and inputs (NOTE [shard identity]); one without has its name's number.
+    shards = shard_entries([3, 4, 5])
+    shards[0].update(number=0, inputs=[0, 3])
+    shards[2].update(number=7, inputs=[9, 15])
+    write_index(tmp_path, "hdf5", {"num_samples": 12}, {}, shards, conversion="5f0c9e2a41b7d3e8")
+    index = read_index(tmp_path)
+    assert index.conversion == "5f0c9e2a41b7d3e8"
+    assert index.places == [{"number": 0, "inputs": [0, 3]}, {"number": 1, "inputs": None},
+                            {"number": 7, "inputs": [9, 15]}]
+    write(tmp_path, [3, 4])
+    assert read_index(tmp_path).conversion is None
+
+
 def test_shard_counts_that_disagree_with_the_metadata_are_refused(tmp_path):
     with pytest.raises(FormatError, match="hold 7 samples, the metadata says 8"):
         write_index(tmp_path, "hdf5", {"num_samples": 8}, {}, shard_entries([3, 4]))
@@ -86,11 +91,15 @@ def test_a_folder_without_an_index_says_how_to_finish_it(tmp_path):
         (lambda index: index["shards"][0].update(name=".hidden.h5"), "not a file of this folder"),
         (lambda index: index["shards"][1].update(start=2), "do not add up"),
         (lambda index: index.update(num_samples=9), "do not add up"),
+        (lambda index: index["shards"][1].update(number=0), "lists shard 0 after shard 0 .*listed twice"),
+        (lambda index: index["shards"][1].update(name="shard-00000.h5"), "lists shard 0 after shard 0"),
+        (lambda index: index.update(container="arrow"), "says its shards are arrow files, but lists 'shard-00000.h5'"),
+        (lambda index: index["metadata"].update(class_counts=[3, 4]), "lists 1 classes but counts the samples of 2"),
     ],
 )
 def test_damaged_or_foreign_indexes_are_refused(tmp_path, change, message):
     write(tmp_path, [3, 4])
-    rewrite(tmp_path, change)
+    rewrite_index(tmp_path, change)
     with pytest.raises(FormatError, match=message):
         read_index(tmp_path)
 
