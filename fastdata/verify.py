@@ -108,14 +108,18 @@ def verify(path, quick=False):
     report = VerifyReport(path, quick)
     try:
         columns, metadata = read_packed(path, check=False)
-        stored = read_checksums(path)
     except FormatError as exc:
         report.problems.append(Problem("structure", str(exc)))
         return report
     report.format_version, report.num_samples = metadata["format_version"], metadata["num_samples"]
     report.checked.append("structure")
     offsets_ok = _check_offsets(report, columns, metadata) if not quick else True
-    _check_checksums(report, columns, metadata, stored, offsets_ok)
+    try:  # a damaged checksum group is one problem: the columns are still checked
+        stored = read_checksums(path)
+    except FormatError as exc:
+        report.problems.append(Problem("checksum", str(exc)))
+    else:
+        _check_checksums(report, columns, metadata, stored, offsets_ok)
     if not quick:
         _check_labels(report, columns, metadata)
         if metadata.get("storage") == "jpeg" and offsets_ok:

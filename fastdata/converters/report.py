@@ -1,5 +1,11 @@
-"""What a conversion did: counts, timing and every input it could not use."""
+"""What a conversion did: counts, timing and every input it could not use.
 
+Input names are printed quoted (``repr``), and reasons escaped where they
+would not print on one line, so a newline in a file name can never split or
+fake a line: one input is one line of the summary.
+"""
+
+import shlex
 import warnings
 from dataclasses import dataclass, field
 
@@ -37,11 +43,12 @@ class ConversionReport:
             + _ignored_summary(self.ignored)
         ]
         for source, reason in self.skipped[:_SHOWN_SKIPS]:
-            lines.append(f"  skipped {source}: {reason}")
+            lines.append(f"  skipped {source!r}: {_printable(reason)}")
         if len(self.skipped) > _SHOWN_SKIPS:
+            path = shlex.quote(self.path) if self.path.isprintable() else repr(self.path)
             lines.append(
                 f"  ... and {len(self.skipped) - _SHOWN_SKIPS} more "
-                f"(all listed by: fastdata info --all {self.path})"
+                f"(all listed by: fastdata info --all {path})"
             )
         return "\n".join(lines)
 
@@ -50,8 +57,14 @@ def _ignored_summary(ignored):
     """``", 5 ignored (.txt: 3, hidden: 2)"``, or "" when nothing was ignored."""
     if not ignored:
         return ""
-    kinds = ", ".join(f"{kind}: {count}" for kind, count in ignored.items())
+    kinds = ", ".join(f"{_printable(kind)}: {count}" for kind, count in ignored.items())
     return f", {sum(ignored.values())} ignored ({kinds})"
+
+
+def _printable(text):
+    """Return ``text`` as it is when it prints on one line, else escaped (``repr``)."""
+    text = str(text)
+    return text if text.isprintable() else repr(text)
 
 
 def check_choice(name, value, choices):

@@ -56,7 +56,7 @@ def staged_output(out, overwrite=False, source=None, folder=False):
         raise OptionError(f"{out!r} is the source of this conversion; choose another output file")
     if folder and source is not None and _holds(out, source):  # overwrite would remove the source
         raise OptionError(f"{out!r} holds {source!r}, the source of this conversion; choose another output folder")
-    check_output(out, overwrite or (folder and os.path.isdir(out) and not os.listdir(out)))  # empty: new
+    check_output(out, overwrite or (folder and os.path.isdir(out) and not os.listdir(out)), folder)  # empty: new
     parent, name = os.path.split(out)
     staging = _make_staging(parent, name)
     try:
@@ -79,13 +79,19 @@ def staged_output(out, overwrite=False, source=None, folder=False):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def check_output(path, overwrite):
+def check_output(path, overwrite, folder=False):
     """Raise before any work if output ``path`` exists (without ``overwrite``) or its folder does not.
 
+    ``folder``: ``path`` is a folder output; otherwise it is a file, and a folder there is never
+    replaced, even with ``overwrite``.
+
     Raises:
-        OutputExistsError: ``path`` exists and ``overwrite`` is false.
+        OutputExistsError: ``path`` exists and ``overwrite`` is false, or is a folder where a file goes.
         NotFoundError: the folder of ``path`` does not exist.
     """
+    if not folder and os.path.isdir(path):
+        raise OutputExistsError(f"{os.fspath(path)!r} is a folder, and the output is one file: --overwrite "
+                                "replaces files only. Remove the folder, or choose another output name")
     if os.path.exists(path) and not overwrite:
         raise OutputExistsError(f"{path!r} already exists; pass --overwrite to replace it")
     folder = os.path.dirname(os.path.abspath(path))

@@ -144,11 +144,15 @@ def read_arrow_checksums(path):
     except (pa.ArrowException, OSError) as exc:
         raise FormatError(f"{path!r}: cannot read the stored checksums ({exc}); the file is damaged") from exc
     prefix = _CHECKSUMS.encode()
-    return {
-        key[len(prefix) :].decode(): np.frombuffer(value, dtype="<u4").astype(np.uint32)
-        for key, value in schema_metadata.items()
-        if key.startswith(prefix)
-    }
+    stored = {}
+    for key, value in schema_metadata.items():
+        if key.startswith(prefix):
+            name = key[len(prefix) :].decode(errors="backslashreplace")
+            if len(value) % 4:
+                raise FormatError(f"{path!r}: the stored checksums of column {name!r} are {len(value)} bytes, not "
+                                  "whole uint32 values; the file is damaged")
+            stored[name] = np.frombuffer(value, dtype="<u4").astype(np.uint32)
+    return stored
 
 
 def _columns(batch, metadata, path):

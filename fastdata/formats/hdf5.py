@@ -20,6 +20,7 @@ from fastdata.formats.layout import (
     Columns,
     check_columns,
     check_values,
+    checked_checksums,
     checksum_columns,
     decode_metadata,
     encode_metadata,
@@ -29,6 +30,9 @@ from fastdata.formats.layout import (
 _COPY_BYTES = 64 << 20  # write memmapped columns in slices of this many bytes
 _CHECKSUMS = "checksums"  # group of uint32 datasets, one per stored column (see NOTE [checksums])
 _HDF5_SLACK = 64 << 10  # room asked for besides the data: HDF5's headers (see NOTE [hdf5 full disk])
+# What h5py raises reading damaged HDF5 metadata: a byte flipped in an object header gave KeyError ("unable to
+# determine object type") or RuntimeError ("bad heap free list"), an object of the wrong kind TypeError.
+_DAMAGED = (OSError, RuntimeError, KeyError, TypeError, ValueError)
 
 
 def write_hdf5(path, columns, metadata):
@@ -100,7 +104,9 @@ def read_hdf5(path, check=True):
             metadata = decode_metadata(f.attrs.get(METADATA_KEY), path)
             names = ["samples", "labels"] + (["offsets"] if "offsets" in f else [])
             layouts = {name: _dataset_layout(f, name, path) for name in names}
-    except OSError as exc:
+    except FormatError:
+        raise
+    except _DAMAGED as exc:
         raise FormatError(
             f"{path!r} is not a readable HDF5 file (truncated, corrupt or not "
             f"HDF5): {exc}. Re-run \"fastdata convert\"."
@@ -115,14 +121,33 @@ def read_hdf5(path, check=True):
 
 
 def read_hdf5_checksums(path):
-    """Return the stored ``{column name: uint32 chunk checksums}``; empty for a version 1 file."""
+    """Return the stored ``{column name: uint32 chunk checksums}``; empty for a version 1 file.
+
+    Raises:
+        FormatError: the checksum group is damaged (h5py's own errors name no file: see read_checksums).
+    """
     path = os.fspath(path)
     try:
         with h5py.File(path, "r") as f:
             group = f.get(_CHECKSUMS)
-            return {} if group is None else {name: group[name][()] for name in group}
-    except OSError as exc:
-        raise FormatError(f"{path!r}: cannot read the stored checksums ({exc}); the file is damaged") from exc
+            if group is None:
+                return {}
+            if not isinstance(group, h5py.Group):
+                raise FormatError(f"{path!r}: its {_CHECKSUMS!r} object is not a group of checksums; the file is "
+                                  "damaged")
+            return {name: checked_checksums(_dataset_values(group, name, path), name, path) for name in group}
+    except FormatError:
+        raise
+    except _DAMAGED as exc:
+        raise FormatError(f"{path!r}: cannot read the stored checksums ({type(exc).__name__}: {exc}); the file "
+                          "is damaged") from exc
+
+
+def _dataset_values(group, name, path):
+    item = group.get(name)
+    if not isinstance(item, h5py.Dataset):
+        raise FormatError(f"{path!r}: the stored checksums of column {name!r} are not a dataset; the file is damaged")
+    return item[()]
 
 
 def hdf5_column_offsets(path):
@@ -132,9 +157,10 @@ def hdf5_column_offsets(path):
 
 
 def _dataset_layout(f, name, path):
-    if name not in f:
-        raise FormatError(f"{path!r}: dataset {name!r} is missing")
-    dset = f[name]
+    dset = f.get(name)
+    if not isinstance(dset, h5py.Dataset):
+        raise FormatError(f"{path!r}: dataset {name!r} is missing" if dset is None else
+                          f"{path!r}: {name!r} is not a dataset; the file is damaged")
     offset = dset.id.get_offset()
     if dset.chunks is not None or (offset is None and dset.size > 0):
         raise FormatError(f"{path!r}: dataset {name!r} is not contiguous; re-convert it")

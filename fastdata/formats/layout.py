@@ -102,6 +102,19 @@ def chunk_checksums(array, chunk_bytes):
     return np.array(sums, dtype=np.uint32)
 
 
+def checked_checksums(values, name, path):
+    """Return the stored checksums ``values`` of column ``name`` as uint32 ``[chunks]``.
+
+    Raises:
+        FormatError: they are not a 1-D array of 32-bit unsigned integers (a damaged file ``path``).
+    """
+    values = np.asarray(values)
+    if values.ndim != 1 or values.dtype.kind != "u" or values.dtype.itemsize != 4:
+        raise FormatError(f"{path!r}: the stored checksums of column {name!r} are {values.dtype}{list(values.shape)}, "
+                          "not uint32 [chunks]; the file is damaged")
+    return values.astype(np.uint32, copy=False)
+
+
 def checksum_columns(columns):
     """Return ``(info, {name: uint32 checksums})`` of the stored columns; ``info`` goes into the metadata."""
     chunk_bytes = CHECKSUM_CHUNK_BYTES

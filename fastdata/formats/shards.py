@@ -60,6 +60,7 @@ import numpy as np
 
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import FORMAT_NAME, FORMAT_VERSION
+from fastdata.formats.schema import check_index_fields
 
 INDEX_NAME = "index.json"
 COLUMN_FILES = {"labels": "labels.npy", "lengths": "lengths.npy"}  # see NOTE [column files]
@@ -360,6 +361,7 @@ def _check_index(index, path):
             f"{path!r}: format version {version}, this fastdata reads up to {FORMAT_VERSION}. "
             'Upgrade fastdata or re-run "fastdata convert".'
         )
+    check_index_fields(index, path)
     missing = [key for key in ("container", "num_samples", "settings", "metadata", "shards") if key not in index]
     if missing or index["container"] not in CONTAINER_EXTENSIONS:
         raise FormatError(f"{path!r}: shard index lacks {missing or ['a known container']}; re-run \"fastdata index\"")

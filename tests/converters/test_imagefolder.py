@@ -414,7 +414,7 @@ def test_unreadable_nested_folder_is_reported_as_skipped(locked_root, tmp_path, 
     path, reason = result["skipped"][0]
     assert path == os.path.join("class_0", "locked")
     assert "folder cannot be read" in reason and "Permission denied" in reason
-    assert "1 skipped" in result["text"] and "skipped class_0/locked: folder cannot be read" in result["text"]
+    assert "1 skipped" in result["text"] and "skipped 'class_0/locked': folder cannot be read" in result["text"]
 
 
 def test_unreadable_nested_folder_raises_with_on_error_raise(locked_root, tmp_path):

@@ -28,9 +28,14 @@ def shard_entries(counts, container="hdf5"):
     ]
 
 
+def dataset(num_samples):
+    """The metadata of an image dataset of ``num_samples`` of one class: every field an index must hold."""
+    return {"kind": "image", "num_samples": num_samples, "sample_shape": [3, 8, 8], "sample_dtype": "uint8",
+            "storage": "raw", "classes": ["a"], "class_counts": [num_samples], "mean": [0.5] * 3, "std": [0.25] * 3}
+
+
 def write(root, counts, container="hdf5"):
-    metadata = {"kind": "image", "num_samples": sum(counts), "classes": ["a"]}
-    write_index(root, container, metadata, {"size": 64}, shard_entries(counts, container))
+    write_index(root, container, dataset(sum(counts)), {"size": 64}, shard_entries(counts, container))
 
 
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=30))
@@ -61,7 +66,7 @@ def test_the_conversion_and_places_of_the_shards_round_trip(tmp_path):
     shards = shard_entries([3, 4, 5])
     shards[0].update(number=0, inputs=[0, 3])
     shards[2].update(number=7, inputs=[9, 15])
-    write_index(tmp_path, "hdf5", {"num_samples": 12}, {}, shards, conversion="5f0c9e2a41b7d3e8")
+    write_index(tmp_path, "hdf5", dataset(12), {}, shards, conversion="5f0c9e2a41b7d3e8")
     index = read_index(tmp_path)
     assert index.conversion == "5f0c9e2a41b7d3e8"
     assert index.places == [{"number": 0, "inputs": [0, 3]}, {"number": 1, "inputs": None},
@@ -72,7 +77,7 @@ def test_the_conversion_and_places_of_the_shards_round_trip(tmp_path):
 
 def test_shard_counts_that_disagree_with_the_metadata_are_refused(tmp_path):
     with pytest.raises(FormatError, match="hold 7 samples, the metadata says 8"):
-        write_index(tmp_path, "hdf5", {"num_samples": 8}, {}, shard_entries([3, 4]))
+        write_index(tmp_path, "hdf5", dataset(8), {}, shard_entries([3, 4]))
     assert not is_shard_folder(tmp_path)
 
 
