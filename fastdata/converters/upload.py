@@ -153,14 +153,31 @@ class RemoteFolder:
         state.plan = self._json(f"{STATE_FOLDER}/{PLAN_NAME}") if f"{STATE_FOLDER}/{PLAN_NAME}" in state.sizes else None
         paths = [f"{path}/{name}" for name in state.sizes
                  if posixpath.dirname(name) == STATE_FOLDER and _RECORD.fullmatch(posixpath.basename(name))]
-        blobs = retried(lambda: fs.cat(paths, on_error="omit"), self.url) if paths else {}
-        for name, blob in blobs.items():
+        for name, blob in self._cat_all(paths).items():
             record = _parse(blob)
             if record is not None:  # not a whole record: its task is redone
                 state.records[int(_RECORD.fullmatch(posixpath.basename(name))[1])] = record
         if check:
             self.check_replaceable(state)
         return state
+
+    def _cat_all(self, paths):
+        """Return ``{path: bytes}`` of the files ``paths``, read together; each failed read retried on its own.
+
+        A file deleted since it was listed is left out (its task is redone). Transient failures are retried
+        (NOTE [retry budget] in storage/retry.py), not dropped: a record lost to a 503 made a finished
+        conversion look unfinished, and --resume never finish, through storage failing 1 request in 5.
+        """
+        fs, path = self._filesystem()
+        blobs = fs.cat(paths, on_error="return") if paths else {}
+        for name, blob in list(blobs.items()):
+            if isinstance(blob, BaseException):
+                where = join(self.url, posixpath.relpath(name, path))
+                try:
+                    blobs[name] = retried(lambda n=name: fs.cat_file(n), where)
+                except FileNotFoundError:
+                    del blobs[name]
+        return blobs
 
     def _json(self, name):
         fs, path = self._filesystem()

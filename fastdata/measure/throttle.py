@@ -111,11 +111,7 @@ class ThrottlingProxy:
 
 
 def _handler_for(proxy):
-    class Handler(_ProxyHandler):
-        pass
-
-    Handler.proxy = proxy
-    return Handler
+    return type("Handler", (proxy.handler,), {"proxy": proxy})
 
 
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
@@ -189,3 +185,6 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
                 self.proxy.bucket.take(len(chunk))
             self.wfile.write(chunk)
             sent += len(chunk)
+
+
+ThrottlingProxy.handler = _ProxyHandler  # the request handler a proxy serves with (a subclass may swap it)

@@ -6,7 +6,7 @@ import re
 from fastdata._optional import require
 from fastdata.errors import MissingDependencyError, NotFoundError
 from fastdata.formats.shards import INDEX_NAME, parse_index
-from fastdata.storage.retry import retried
+from fastdata.storage.retry import retried, retry_policy
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _EXTRAS = {"s3": "s3", "s3a": "s3"}  # scheme -> fastdata's extra that installs its backend
@@ -33,9 +33,7 @@ def filesystem(url, storage_options=None):
     scheme = url.split("://", 1)[0].lower()
     extra = _EXTRAS.get(scheme, "s3")
     fsspec = require("fsspec", extra, f"reading {url!r}")
-    options = dict(storage_options or {})
-    if scheme in _EXTRAS:  # see NOTE [one retry layer]
-        options["config_kwargs"] = {"retries": {"total_max_attempts": 1}, **options.get("config_kwargs", {})}
+    options = _with_timeouts(scheme, dict(storage_options or {}))
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:  # fsspec names the backend package it lacks
@@ -44,6 +42,22 @@ def filesystem(url, storage_options=None):
     if scheme in _EXTRAS:
         fs.retries = 1  # s3fs's own loop around each call (a class default of 5)
     return fs, path
+
+
+def _with_timeouts(scheme, options):
+    """Return fsspec ``options`` with one backend attempt a call and the policy's timeouts, unless they set their own.
+
+    See NOTE [one retry layer] and NOTE [retry budget] in retry.py.
+    """
+    timeout = retry_policy().timeout
+    if scheme in _EXTRAS:  # botocore: one attempt (ours retry), connect and read timeouts
+        options["config_kwargs"] = {"retries": {"total_max_attempts": 1}, "connect_timeout": timeout,
+                                    "read_timeout": timeout, **options.get("config_kwargs", {})}
+    elif scheme in ("http", "https") and "timeout" not in options.get("client_kwargs", {}):
+        aiohttp = require("aiohttp", "s3", f"reading {scheme}:// URLs")
+        options["client_kwargs"] = {**options.get("client_kwargs", {}),
+                                    "timeout": aiohttp.ClientTimeout(sock_connect=timeout, sock_read=timeout)}
+    return options
 
 
 # NOTE [one retry layer]: every remote call of fastdata goes through
