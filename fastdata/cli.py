@@ -172,8 +172,9 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
 @click.option("--shard-size", type=_ByteSize(), default=None,
               help="Shard folder OUT: bytes per shard file: 64MB, 256MiB, 1GB or plain bytes [default: 64MiB].")
 @click.option("--resume", is_flag=True,
-              help="Start again: a text conversion cannot resume (its vocabulary needs every text), and an "
-                   "interrupted one left nothing behind.")
+              help="Shard folder OUT: keep a finished OUT of these settings if intact, convert it again if a file "
+                   "is missing or damaged; an interrupted text conversion left nothing behind and starts again "
+                   "(its vocabulary needs every text).")
 @_conversion_options("Tokenizing", "an unusable input (not UTF-8, empty, missing field, bad label)")
 @_storage_option
 @_reports_errors
@@ -189,16 +190,16 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
     """
     from fastdata.converters import convert_text
 
-    if resume:
-        click.echo("note: --resume: a text conversion starts again from the first text (its vocabulary needs "
-                   "every text); the interrupted one left nothing behind", err=True)
     report = convert_text(
         src, out, tokenizer=tokenizer, vocab=vocab, min_freq=min_freq, max_vocab=max_vocab, max_length=max_length,
         lowercase=lowercase, strip_html=strip_html, source_format=source_format, text_field=text_field,
         label_field=None if no_labels else label_field, include_unsup=unsup, workers=workers, on_error=on_error,
-        overwrite=overwrite, progress=not quiet, format=container, shard_size=shard_size,
+        overwrite=overwrite, progress=not quiet, format=container, shard_size=shard_size, resume=resume,
         storage_options=_parse_storage_options(storage_options),
     )
+    if resume and not report.finished and not report.redone:
+        click.echo("note: --resume: a text conversion starts again from the first text (its vocabulary needs "
+                   "every text); an interrupted one left nothing behind", err=True)
     click.echo(str(report))
 
 

@@ -1,6 +1,5 @@
 """Image folder -> shard folder: the plan, the task that writes one shard, and the index metadata."""
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from fastdata.converters.shards import (
     part_tasks,
     samples_per_shard,
     save_record,
+    source_digest,
     task_bounds,
     write_shard,
 )
@@ -61,8 +61,11 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
     settings = _settings(src, found, spec, storage, quality, container, shard_size)
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,
                            part=part, remote=remote) as folder:
-        if folder.done:
-            return _report(folder.where, folder.finished_metadata(), started)
+        damaged = folder.damaged_files() if folder.done else []  # see NOTE [resume checks what it keeps]
+        if folder.done and not damaged:
+            return _report(folder.where, folder.finished_metadata(), started, finished=True)
+        if damaged:
+            folder.reopen(damaged)
         folder.write_plan(folder.plan or _plan(src, found, spec, storage, quality, settings))
         bounds = task_bounds(folder.plan["num_inputs"], folder.plan["samples_per_shard"])
         numbers = part_tasks(len(bounds) - 1, part)
@@ -82,7 +85,7 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
         _warn_skipped(records, on_error)
         # Tie the shards together once every task is done (by any part).
         metadata = index_shards(folder.root, missing_ok=part is not None, remote=remote)
-    return _report(folder.where, metadata or _part_metadata(records, found), started)
+    return _report(folder.where, metadata or _part_metadata(records, found), started, redone=damaged)
 
 
 def _settings(src, found, spec, storage, quality, container, shard_size):
@@ -90,7 +93,7 @@ def _settings(src, found, spec, storage, quality, container, shard_size):
     return {
         "kind": "image",
         "source": os.path.abspath(src),
-        "source_files": _source_digest(src, found.paths),
+        "source_files": source_digest(src, found.paths),
         "size": [spec.height, spec.width],
         "resize": spec.resize,
         "resample": spec.resample,
@@ -99,15 +102,6 @@ def _settings(src, found, spec, storage, quality, container, shard_size):
         "format": container,
         "shard_size": shard_size,
     }
-
-
-def _source_digest(src, paths):
-    """Return a sha256 of the sorted inputs' names, sizes and modification times."""
-    digest = hashlib.sha256()
-    for path in paths:
-        stat = os.stat(os.path.join(src, path))
-        digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode(errors="surrogateescape"))
-    return f"{len(paths)}:{digest.hexdigest()}"
 
 
 def _plan(src, found, spec, storage, quality, settings):
@@ -273,7 +267,7 @@ def _part_metadata(records, found):
         "ignored": found.ignored}}
 
 
-def _report(root, metadata, started):
+def _report(root, metadata, started, finished=False, redone=()):
     skipped = [(entry["path"], entry["reason"]) for entry in metadata["skipped"]]
     return ConversionReport(root, metadata["num_samples"], skipped, time.perf_counter() - started, "img",
-                            metadata["source"]["ignored"])
+                            metadata["source"]["ignored"], finished=finished, redone=list(redone))

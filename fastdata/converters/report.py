@@ -26,6 +26,10 @@ class ConversionReport:
         seconds: wall-clock time of the conversion.
         unit: what a sample is called ("img", "doc").
         ignored: files left out as not inputs, by kind (".txt", "hidden", ...) -> count.
+        finished: a resume found the output finished and intact: nothing was written.
+        redone: ``(file name, what was wrong)`` of each file of a finished output that a resume found
+            missing or damaged, and wrote again.
+        redone_whole: the resume converted the whole output again for them (a text conversion).
     """
 
     path: str
@@ -34,14 +38,22 @@ class ConversionReport:
     seconds: float = 0.0
     unit: str = "img"
     ignored: dict = field(default_factory=dict)
+    finished: bool = False
+    redone: list = field(default_factory=list)
+    redone_whole: bool = False
 
     def __str__(self):
         rate = self.num_samples / self.seconds if self.seconds else 0.0
-        lines = [
-            f"wrote {self.path!r}: {self.num_samples} samples in {self.seconds:.1f}s "
-            f"({rate:,.0f} {self.unit}/s), {len(self.skipped)} skipped"
-            + _ignored_summary(self.ignored)
-        ]
+        if self.finished:
+            lines = [f"{self.path!r} is already finished: {self.num_samples} samples, {len(self.skipped)} skipped; "
+                     f"every file as its index lists it, nothing rewritten (checked in {self.seconds:.1f}s)"]
+        else:
+            lines = [f"wrote {self.path!r}: {self.num_samples} samples in {self.seconds:.1f}s "
+                     f"({rate:,.0f} {self.unit}/s), {len(self.skipped)} skipped" + _ignored_summary(self.ignored)]
+        if self.redone:
+            files = f"{len(self.redone)} missing or damaged " + ("file" if len(self.redone) == 1 else "files")
+            lines[0] += f"; converted again whole for {files}" if self.redone_whole else f"; redid {files}"
+        lines += [f"  redid {name!r}: it was {_printable(why)}" for name, why in self.redone]
         for source, reason in self.skipped[:_SHOWN_SKIPS]:
             lines.append(f"  skipped {source!r}: {_printable(reason)}")
         if len(self.skipped) > _SHOWN_SKIPS:

@@ -16,6 +16,7 @@ local staging folder and mirrored to the URL shard by shard (NOTE [remote write]
 
 import errno
 import fcntl
+import hashlib
 import importlib
 import json
 import os
@@ -215,13 +216,46 @@ class ShardFolder:
         record = _read_json(_record_path(self.root, number))
         if record is None or record.get("inputs") != [start, stop]:
             return None
-        if record["num_samples"]:
-            path = os.path.join(self.root, record["name"])
-            if not os.path.isfile(path) or os.path.getsize(path) != record["bytes"]:
-                return None
-            if file_checksum(path) != record["crc32"]:
-                return None
+        if record["num_samples"] and file_damage(os.path.join(self.root, record["name"]), record["bytes"],
+                                                 record["crc32"]):
+            return None
         return record
+
+    def damaged_files(self):
+        """Return ``[(file name, what is wrong)]`` of a finished folder (``done``); see ``damaged_files``.
+
+        At a URL, only the sizes the listing gave are compared with the index (each shard's crc32 was
+        checked before its upload).
+        """
+        if self.remote is None:
+            return damaged_files(self.root)
+        listed = [*self.recorded.get("shards", []), *self.recorded.get("columns", {}).values()]
+        sizes = self.remote_state.sizes
+        return [(entry["name"], "missing" if entry["name"] not in sizes else
+                 f"{sizes[entry['name']]} bytes, the index says {entry['bytes']}")
+                for entry in listed if sizes.get(entry["name"]) != entry["bytes"]]
+
+    def reopen(self, damaged):
+        """Make the finished folder with ``damaged`` files (``damaged_files``) a conversion to finish again.
+
+        Its index goes first, so the folder never looks finished while its shards are rewritten; the recorded
+        plan is continued (NOTE [resume checks what it keeps]).
+
+        Raises:
+            FastdataError: the folder's plan is gone, so its shards cannot be redone one by one; or it is at a
+                URL, where its index is not taken down (convert again with --overwrite).
+        """
+        if self.remote is not None:
+            raise FastdataError(f"{self.where!r} is damaged ({describe_damage(damaged)}); convert it again with "
+                                "--overwrite")
+        plan = _read_json(os.path.join(self.state, PLAN_NAME))
+        if plan is None or "samples_per_shard" not in plan:
+            raise FastdataError(f"{self.where!r} is damaged ({describe_damage(damaged)}) and holds no conversion "
+                                f"plan to redo them from ({STATE_FOLDER}/{PLAN_NAME}); convert it again with "
+                                "--overwrite")
+        _remove(os.path.join(self.root, INDEX_NAME))
+        sync_folder(self.root)
+        self.plan, self.done = plan, False
 
     def remove_partials(self, numbers=None):
         """Remove partial shards and records: of task ``numbers``, or all of them and any partial JSON (None)."""
@@ -349,12 +383,76 @@ def _check_continue(root, recorded, settings, resume):
         what = "a finished shard folder" if finished else "an unfinished conversion"
         hint = "" if finished else "pass --resume (resume=True) to finish it, or "
         raise OutputExistsError(f"{root!r} is {what}; {hint}pass --overwrite (overwrite=True) to replace it")
-    old = recorded.get("settings", {})
-    differ = [key for key in sorted(set(old) | set(settings)) if old.get(key) != settings.get(key)]
+    check_same_settings(root, recorded.get("settings", {}), settings)
+
+
+def check_same_settings(root, old, settings):
+    """Refuse to resume the conversion into ``root`` recorded with settings ``old`` under other ``settings``."""
+    differ = list(_differences(old, settings))
     if differ:
-        said = "; ".join(f"{key}: recorded {old.get(key)!r}, now {settings.get(key)!r}" for key in differ)
+        said = "; ".join(f"{key}: recorded {was!r}, now {now!r}" for key, was, now in differ)
         raise OptionError(f"cannot resume {root!r} with other settings ({said}); convert with the recorded "
                           "settings, or pass --overwrite (overwrite=True) to start again")
+
+
+def _differences(old, new, prefix=""):
+    """Yield ``(key, old value, new value)`` where two settings dicts differ; nested dicts by dotted key."""
+    for key in sorted(set(old) | set(new)):
+        was, now = old.get(key), new.get(key)
+        if isinstance(was, dict) and isinstance(now, dict):
+            yield from _differences(was, now, f"{prefix}{key}.")
+        elif was != now:
+            yield f"{prefix}{key}", was, now
+
+
+def source_digest(src, names):
+    """Return ``"N:<sha256>"`` of the sorted inputs ``names`` (relative to ``src``): their names, sizes, mtimes."""
+    digest = hashlib.sha256()
+    for name in names:
+        stat = os.stat(os.path.join(src, name))
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode(errors="surrogateescape"))
+    return f"{len(names)}:{digest.hexdigest()}"
+
+
+# NOTE [resume checks what it keeps]: --resume on a finished folder used to
+# report it done from its index alone, so a shard deleted or damaged since
+# stayed so ("wrote 800 samples", exit 0). A resume now checks every file the
+# index lists, cheaply (its size, then its whole-file crc32 against the index:
+# no decoding, one read of each file), and redoes what is missing or damaged
+# from the recorded plan and records, saying which; an intact folder is
+# reported as finished, nothing rewritten.
+def damaged_files(root):
+    """Return ``[(file name, what is wrong)]``: the files of the finished shard folder ``root`` unlike its index.
+
+    Each shard and column file the index lists is checked by its size and whole-file crc32; an index that
+    does not parse is itself listed (NOTE [resume checks what it keeps]).
+    """
+    try:
+        index = read_index(root)
+    except FastdataError as exc:  # its message, less the path and the advice
+        what = str(exc).replace(f"{os.path.join(root, INDEX_NAME)!r}: ", "").split("; ")[0]
+        return [(INDEX_NAME, f"damaged: {what}")]
+    listed = list(zip(index.names, index.sizes.tolist(), index.checksums))
+    listed += [(entry["name"], entry["bytes"], entry["crc32"]) for entry in index.columns.values()]
+    found = [(name, file_damage(os.path.join(root, name), size, crc32)) for name, size, crc32 in listed]
+    return [(name, why) for name, why in found if why is not None]
+
+
+def file_damage(path, size, crc32):
+    """Return what is wrong with the file at ``path`` recorded as ``size`` bytes of ``crc32``; None if nothing."""
+    if not os.path.isfile(path):
+        return "missing"
+    actual = os.path.getsize(path)
+    if actual != size:
+        return f"{actual} bytes, the index says {size}"
+    found = file_checksum(path)
+    return None if found == crc32 else f"crc32 {found}, the index says {crc32}"
+
+
+def describe_damage(damaged, shown=4):
+    """Return ``"'shard-00002.h5' missing, 'labels.npy' crc32 ... and 3 more"`` for ``damaged_files``' list."""
+    text = ", ".join(f"{name!r} {why}" for name, why in damaged[:shown])
+    return text + (f" and {len(damaged) - shown} more" if len(damaged) > shown else "")
 
 
 def disk_full(exc, root):

@@ -24,8 +24,9 @@ import numpy as np
 from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
+from fastdata.converters.shards import source_digest
 from fastdata.converters.staging import allocated_memmap, staged_output
-from fastdata.converters.textshards import length_stats, shard_options, write_shard_folder
+from fastdata.converters.textshards import finished_folder, length_stats, shard_options, write_shard_folder
 from fastdata.converters.textsources import (
     SOURCE_FORMATS,
     UNLABELED_FOLDER,
@@ -67,6 +68,7 @@ def convert_text(
     progress: bool = True,
     format: str | None = None,
     shard_size: int | None = None,
+    resume: bool = False,
     storage_options: dict | None = None,
 ) -> ConversionReport:
     """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.
@@ -113,6 +115,10 @@ def convert_text(
         format: shard folder: its container, "hdf5" (default) or "arrow".
         shard_size: shard folder: bytes of ids, labels and offsets per shard
             (default 64 MiB); a longer sample gets a shard of its own.
+        resume: shard folder: keep a finished ``out`` of the same settings if every file is as its index
+            lists it; convert again a finished one with a file missing or damaged (a text conversion
+            cannot redo one shard: its vocabulary needs every text). An interrupted conversion left
+            nothing behind, so it starts again.
         storage_options: URL ``out``: fsspec keywords (credentials, ``endpoint_url``...).
 
     Returns:
@@ -126,14 +132,27 @@ def convert_text(
     started = time.perf_counter()
     check_choice("on_error", on_error, ON_ERROR)
     shards = shard_options(out, format, shard_size, on_error)
+    if resume and shards is None:
+        raise OptionError(f"resume needs a shard folder, not the file {os.fspath(out)!r}; give OUT without an "
+                          "extension")
     remote = remote_output(out, storage_options, shards is not None)
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
+    source, redone = _source(inputs, src, text_field, label_field, include_unsup), []
+    if shards is not None:
+        shards["source_files"] = _source_files(src, inputs)
+    if resume and remote is None:  # see NOTE [resume checks what it keeps] in converters/shards.py
+        expected = {**shards, "preprocessing": _preprocessing(probe, min_freq, max_vocab), "source": source}
+        finished, redone = finished_folder(out, expected, build)
+        if finished is not None:
+            skipped = [(entry["path"], entry["reason"]) for entry in finished["skipped"]]
+            return ConversionReport(os.fspath(out), finished["num_samples"], skipped, time.perf_counter() - started,
+                                    "doc", finished=True)
     # A URL: the folder is written on this machine, then uploaded (index last) when it is complete.
     local = nullcontext(out) if remote is None else remote.uploading(overwrite)
-    with local as local_out, staged_output(local_out, overwrite, source=src, folder=shards is not None) as (
-            staging, staged_path):
+    with local as local_out, staged_output(local_out, overwrite or bool(redone), source=src,
+                                           folder=shards is not None) as (staging, staged_path):
         spec_path = os.path.join(staging, "tokenizer.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(probe.to_dict(), f)
@@ -148,9 +167,8 @@ def convert_text(
                 tokenizer = probe.with_vocabulary(_rank(words, sink, min_freq, max_vocab))
                 table = _lookup_table(words, tokenizer)
             # Describe the dataset, then write ids, offsets and labels.
-            metadata = _metadata(inputs, src, sink.offsets(), labels, _count_unk(sink, table, tokenizer.unk_id),
-                                 classes, tokenizer, truncated, skipped, text_field, label_field, include_unsup,
-                                 min_freq, max_vocab)
+            metadata = _metadata(source, sink.offsets(), labels, _count_unk(sink, table, tokenizer.unk_id), classes,
+                                 tokenizer, truncated, skipped, min_freq, max_vocab)
             if shards is None:
                 if table is not None:
                     sink.remap(table, tokenizer.dtype)
@@ -158,7 +176,8 @@ def convert_text(
             else:  # shard files, then the index (see NOTE [shards from the end] in textshards)
                 write_shard_folder(staged_path, shards, sink, table, labels, metadata, truncated, kept,
                                    len(inputs.names))
-    return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "doc")
+    return ConversionReport(os.fspath(out), len(kept), skipped, time.perf_counter() - started, "doc", redone=redone,
+                            redone_whole=bool(redone))
 
 
 def _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html):
@@ -303,14 +322,37 @@ def _lookup_table(words, tokenizer):
 # ----- metadata ----------------------------------------------------------------------------------------
 
 
-def _metadata(inputs, src, offsets, labels, unk, classes, tokenizer, truncated, skipped,
-              text_field, label_field, include_unsup, min_freq, max_vocab):
-    lengths = np.diff(offsets)
+def _source(inputs, src, text_field, label_field, include_unsup):
+    """Return the metadata's ``source``: where the texts came from and how they were read."""
     source = {"path": os.path.abspath(src), "format": inputs.format, "num_inputs": len(inputs.names)}
     if inputs.format == "folder":
         source["include_unsup"] = include_unsup
     elif inputs.format != "lines":
         source.update(text_field=text_field, label_field=label_field)
+    return source
+
+
+def _source_files(src, inputs):
+    """Return the digest of the input files (source_digest), which a resume compares."""
+    if inputs.format == "folder":
+        return source_digest(src, inputs.names)
+    return source_digest(os.path.dirname(os.path.abspath(src)), [os.path.basename(src)])
+
+
+def _preprocessing(tokenizer, min_freq, max_vocab):
+    return {
+        "tokenizer": tokenizer.kind,
+        "lowercase": tokenizer.lowercase,
+        "strip_html": tokenizer.strip_html,
+        "max_length": tokenizer.max_length,
+        "vocab_size": tokenizer.vocab_size,
+        "min_freq": min_freq,
+        "max_vocab": max_vocab,
+    }
+
+
+def _metadata(source, offsets, labels, unk, classes, tokenizer, truncated, skipped, min_freq, max_vocab):
+    lengths = np.diff(offsets)
     return {
         "kind": "text",
         "storage": "tokens",
@@ -321,15 +363,7 @@ def _metadata(inputs, src, offsets, labels, unk, classes, tokenizer, truncated, 
         "class_counts": np.bincount(labels[labels >= 0], minlength=len(classes)).tolist(),
         "num_unlabeled": int(np.count_nonzero(labels < 0)),
         "tokenizer": tokenizer.to_dict(),
-        "preprocessing": {
-            "tokenizer": tokenizer.kind,
-            "lowercase": tokenizer.lowercase,
-            "strip_html": tokenizer.strip_html,
-            "max_length": tokenizer.max_length,
-            "vocab_size": tokenizer.vocab_size,
-            "min_freq": min_freq,
-            "max_vocab": max_vocab,
-        },
+        "preprocessing": _preprocessing(tokenizer, min_freq, max_vocab),
         "lengths": length_stats(lengths, truncated),
         "unk_fraction": round(unk / max(1, int(lengths.sum())), 6),
         "source": source,

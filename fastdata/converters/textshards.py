@@ -12,13 +12,15 @@ import numpy as np
 from fastdata.converters.shards import (
     DEFAULT_SHARD_BYTES,
     check_replaceable,
+    check_same_settings,
     container_of,
+    damaged_files,
     is_folder_output,
     write_shard,
 )
-from fastdata.errors import OptionError
+from fastdata.errors import FastdataError, OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import conversion_id, write_column, write_index
+from fastdata.formats.shards import INDEX_NAME, conversion_id, read_index, write_column, write_index
 from fastdata.storage.urls import is_url
 
 _SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
@@ -61,6 +63,32 @@ def shard_options(out, format, shard_size, on_error):
     if shard_size < 1:
         raise OptionError(f"shard_size should be a positive number of bytes, got shard_size={shard_size}")
     return {"converter": "text", "container": container, "shard_size": int(shard_size), "on_error": on_error}
+
+
+def finished_folder(out, settings, build):
+    """Return ``(metadata, [])`` of the finished shard folder ``out`` when every file is intact, else ``(None,
+    [(file name, what is wrong)])``: what a resume keeps (NOTE [resume checks what it keeps] in converters/shards).
+
+    ``settings``: what the index's settings should be; with ``build`` (a vocabulary built from the texts) its
+    size is not known before tokenizing, and is not compared. No finished folder: ``(None, [])``.
+
+    Raises:
+        OptionError: ``out`` was converted with other settings.
+    """
+    root = os.path.abspath(os.fspath(out))
+    if not os.path.isfile(os.path.join(root, INDEX_NAME)):
+        return None, []
+    try:
+        index = read_index(root)
+    except FastdataError:
+        return None, damaged_files(root)  # the index, named
+    recorded = index.settings
+    if build and isinstance(recorded.get("preprocessing"), dict):
+        vocab_size = recorded["preprocessing"].get("vocab_size")
+        settings = {**settings, "preprocessing": {**settings["preprocessing"], "vocab_size": vocab_size}}
+    check_same_settings(root, recorded, settings)
+    damaged = damaged_files(root)
+    return (None, damaged) if damaged else (index.metadata, [])
 
 
 def _shard_bounds(sizes, shard_size):
