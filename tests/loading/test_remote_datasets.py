@@ -79,11 +79,11 @@ def open_remote(url, s3_server, cache_dir, endpoint=None, **options):
 
 
 def cached_files(cache_dir):
-    """Return ``{name: size}`` of the files under ``cache_dir`` (lock files left out)."""
+    """Return ``{name: size}`` of the files under ``cache_dir`` (lock files and shard records left out)."""
     found = {}
     for parent, _, names in os.walk(cache_dir):
         for name in names:
-            if not name.endswith(".lock"):
+            if not name.endswith((".lock", ".ok")):
                 try:
                     found[name] = os.path.getsize(os.path.join(parent, name))
                 except FileNotFoundError:  # evicted while listed

@@ -46,8 +46,8 @@ def shard_files(cache):
 
 
 def folder_bytes(cache):
-    """The bytes of every file in the cache folder, however they got there."""
-    return sum(entry.stat().st_size for entry in os.scandir(cache.folder) if not entry.name.endswith(".lock"))
+    """The bytes of every file in the cache folder, however they got there, but locks and records (~100 bytes)."""
+    return sum(entry.stat().st_size for entry in os.scandir(cache.folder) if not entry.name.endswith((".lock", ".ok")))
 
 
 def start_fetcher(cache, tmp_path, mode, shards, **popen):

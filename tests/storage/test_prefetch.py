@@ -149,9 +149,10 @@ def test_any_fetch_hold_release_sequence_keeps_the_bounds(sharded_reference, ops
                 assert first.used_bytes() <= max(first.cache_limit, sum(int(sizes[s]) for s in held) + sizes[shard])
             else:
                 assert first.used_bytes() <= before
-            assert sorted(os.listdir(first.folder)) == sorted(
+            present = [first.index.names[s] for s in range(len(sizes)) if first.is_present(s)]
+            assert sorted(os.listdir(first.folder)) == sorted(  # a record (.ok) beside each shard: no more
                 [name for name in os.listdir(first.folder) if name.endswith(".lock")]
-                + [first.index.names[s] for s in range(len(sizes)) if first.is_present(s)])
+                + present + [f".{name}.ok" for name in present])
         for who, hold in enumerate(holds):
             for shard in hold:
                 caches[who].release(shard)
