@@ -41,8 +41,15 @@ conversion keeps it, and a folder converts byte-identical whatever the
 number of workers. A folder written before these fields is checked for what
 it has: the number its shard names carry. A reader also refuses an index
 whose container is not the one its shard files are named for (an edited
-``container``), and one listing fewer classes than it counts. Cost at open:
-see NOTE [shard fingerprint] in loading/shards.py.
+``container``), and one listing fewer classes than it counts. Cost, on the
+loaded 2-core VM (load 5-6; 1,000 one-sample 8 px raw shards converted by
+convert_imagefolder; first opens, each checked in full; CPU time, best of 5,
+3 interleaved rounds against the tree before): HDF5 379-435 shards opened a
+second before, 346-605 after; Arrow 1,226-1,555 before, 1,406-1,505 after:
+within the noise, as the parts say: shard_mismatch takes 6.5-8.7 us a shard
+and shard_differences, classes now among them, 3.7-6.5 us (timeit), of an
+open of 0.7-2.9 ms.
+parse_index of 100,000 records: 411-451 ms CPU before, 475-502 after.
 
 A folder without ``index.json`` is not a dataset (yet): a conversion that
 has not finished, or whose parts are still running.
@@ -103,10 +110,10 @@ def shard_mismatch(index, shard, metadata):
         ``"is shard 4 (inputs 12-15) of conversion 5f0c..., where the index lists shard 1 (...)"``,
         or None where they agree in all that both record (NOTE [shard identity]).
     """
-    if not index.places:  # one packed file: no index record
+    if not index.numbers:  # one packed file: no index record
         return None
     own = metadata.get("shard") if isinstance(metadata.get("shard"), dict) else {}
-    listed = {**index.places[shard], "conversion": index.conversion}
+    listed = {"number": index.numbers[shard], "inputs": index.inputs[shard], "conversion": index.conversion}
     keys = [key for key in _PLACE_KEYS if listed.get(key) is not None and own.get(key) is not None]
     keys += ["conversion"] if listed["conversion"] is not None else []  # an index with an id: every shard has it
     if all(own.get(key) == listed[key] for key in keys):
@@ -150,8 +157,9 @@ class ShardIndex:
         checksums: the crc32 of each shard file, 8 hex digits.
         columns: ``{"labels" | "lengths": {"name", "bytes", "crc32"}}``: the column files listed (NOTE [column files]).
         conversion: the id every shard of the conversion records; None in a folder written before ids.
-        places: ``[{"number", "inputs"}]`` per shard, as the index records them (the number from the name in
-            older folders; None where unknown); empty for one packed file. See NOTE [shard identity].
+        numbers: each shard's number as its record holds it (else as its name does; else None); empty for
+            one packed file. See NOTE [shard identity].
+        inputs: each shard's ``[first input, last input + 1]`` as its record holds it, else None.
     """
 
     root: str
@@ -164,7 +172,8 @@ class ShardIndex:
     checksums: list
     columns: dict = field(default_factory=dict)
     conversion: str | None = None
-    places: list = field(default_factory=list)
+    numbers: list = field(default_factory=list)
+    inputs: list = field(default_factory=list)
 
     @property
     def num_samples(self):
@@ -314,8 +323,8 @@ def parse_index(data, where, root):
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if starts[-1] != index["num_samples"] or any(s["start"] != int(b) for s, b in zip(shards, starts)):
         raise FormatError(f"{where!r}: shard sample ranges do not add up to {index['num_samples']} samples")
-    places = [_place(shard) for shard in shards]
-    _check_order(places, where)
+    numbers = [_number(shard) for shard in shards]
+    _check_order(numbers, where)
     return ShardIndex(
         root=root,
         container=index["container"],
@@ -327,29 +336,31 @@ def parse_index(data, where, root):
         checksums=[shard["crc32"] for shard in shards],
         columns=index.get("columns", {}),
         conversion=index.get("conversion"),
-        places=places,
+        numbers=numbers,
+        inputs=[shard.get("inputs") if type(shard.get("inputs")) is list else None for shard in shards],
     )
 
 
-def _place(entry):
-    """Return ``{"number", "inputs"}`` of an index record: recorded, else the number its name carries, else None."""
-    number, inputs = entry.get("number"), entry.get("inputs")
-    if not isinstance(number, int) and (named := _NUMBERED.fullmatch(entry["name"])):
-        number = int(named[1])
-    return {"number": number if isinstance(number, int) else None, "inputs": inputs if isinstance(inputs, list)
-            else None}
+def _number(entry):
+    """Return the shard number of an index record: recorded, else the one its name carries, else None."""
+    number = entry.get("number")
+    if type(number) is int:  # bool is no number
+        return number
+    named = _NUMBERED.fullmatch(entry["name"])
+    return int(named[1]) if named else None
 
 
-def _check_order(places, where):
+def _check_order(numbers, where):
     """Refuse an index listing shard numbers out of order or twice (NOTE [shard identity])."""
-    numbers = [place["number"] for place in places if place["number"] is not None]
-    for position, (before, after) in enumerate(zip(numbers, numbers[1:])):
-        if after <= before:
-            raise FormatError(
-                f"{where!r} lists shard {after} after shard {before} (entry {position + 1}): its shards are out of "
-                "order or listed twice, so samples would be read as others. Run \"fastdata index\" on its folder to "
-                "rewrite it, or convert again"
-            )
+    numbers = np.array([number for number in numbers if number is not None], dtype=np.int64)
+    bad = np.flatnonzero(numbers[1:] <= numbers[:-1])
+    if len(bad):
+        before, after = numbers[bad[0]], numbers[bad[0] + 1]
+        raise FormatError(
+            f"{where!r} lists shard {after} after shard {before} (entry {bad[0] + 1}): its shards are out of "
+            "order or listed twice, so samples would be read as others. Run \"fastdata index\" on its folder to "
+            "rewrite it, or convert again"
+        )
 
 
 def _check_index(index, path):
@@ -365,11 +376,13 @@ def _check_index(index, path):
     missing = [key for key in ("container", "num_samples", "settings", "metadata", "shards") if key not in index]
     if missing or index["container"] not in CONTAINER_EXTENSIONS:
         raise FormatError(f"{path!r}: shard index lacks {missing or ['a known container']}; re-run \"fastdata index\"")
+    others = tuple(ext for container, ext in CONTAINER_EXTENSIONS.items() if container != index["container"])
     for shard in index["shards"]:
         name = shard.get("name") if isinstance(shard, dict) else None
         if not isinstance(name, str) or os.path.basename(name) != name or name.startswith("."):
             raise FormatError(f"{path!r}: shard entry {shard!r} is not a file of this folder")
-        _check_container(index["container"], name, path)
+        if name.endswith(others):
+            raise _other_container(index["container"], name, path)
     _check_classes(index["metadata"], path)
     columns = index.get("columns", {})
     if not isinstance(columns, dict) or any(
@@ -379,15 +392,13 @@ def _check_index(index, path):
         raise FormatError(f"{path!r}: its column files {columns!r} are not listed as fastdata writes them")
 
 
-def _check_container(container, name, path):
-    """Refuse an index whose ``container`` is not the one its shard file ``name`` is named for (an edited index)."""
-    named = [other for other, extension in CONTAINER_EXTENSIONS.items() if name.endswith(extension)]
-    if named and named[0] != container:
-        raise FormatError(
-            f"{path!r} says its shards are {container} files, but lists {name!r}, named as {named[0]} files are: "
-            f'the index was edited or damaged. Set its "container" back to "{named[0]}", or run "fastdata index" '
-            "on its folder"
-        )
+def _other_container(container, name, path):
+    """Return the FormatError of an index whose ``container`` is not the one its shard ``name`` is named for."""
+    named = next(other for other, extension in CONTAINER_EXTENSIONS.items() if name.endswith(extension))
+    return FormatError(
+        f"{path!r} says its shards are {container} files, but lists {name!r}, named as {named} files are: the index "
+        f'was edited or damaged. Set its "container" back to "{named}", or run "fastdata index" on its folder'
+    )
 
 
 def _check_classes(metadata, path):

@@ -155,7 +155,7 @@ def test_shards_hold_the_single_file_samples_and_metadata(sharded_reference, pac
     for k, (_, _, shard) in enumerate(parts):
         start, stop = int(index.starts[k]), int(index.starts[k + 1])
         assert shard["shard"] == {"number": k, "inputs": [start, stop], "conversion": index.conversion}
-        assert index.places[k] == {"number": k, "inputs": [start, stop]} and len(index.conversion) == 16
+        assert (index.numbers[k], index.inputs[k], len(index.conversion)) == (k, [start, stop], 16)
         assert shard["num_samples"] == stop - start
         dataset_only = ("class_counts", "mean", "std", "source", "skipped", "shard", "num_samples")
         assert {key: v for key, v in shard.items() if key not in dataset_only + FILE_KEYS} == {

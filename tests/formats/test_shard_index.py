@@ -61,7 +61,7 @@ def test_index_round_trip_keeps_metadata_settings_sizes_and_checksums(tmp_path):
     assert os.listdir(tmp_path) == [INDEX_NAME]  # no temporary file left
 
 
-def test_the_conversion_and_places_of_the_shards_round_trip(tmp_path):
+def test_the_conversion_numbers_and_inputs_of_the_shards_round_trip(tmp_path):
     # Records with a number and inputs (NOTE [shard identity]); one without has its name's number.
     shards = shard_entries([3, 4, 5])
     shards[0].update(number=0, inputs=[0, 3])
@@ -69,8 +69,7 @@ def test_the_conversion_and_places_of_the_shards_round_trip(tmp_path):
     write_index(tmp_path, "hdf5", dataset(12), {}, shards, conversion="5f0c9e2a41b7d3e8")
     index = read_index(tmp_path)
     assert index.conversion == "5f0c9e2a41b7d3e8"
-    assert index.places == [{"number": 0, "inputs": [0, 3]}, {"number": 1, "inputs": None},
-                            {"number": 7, "inputs": [9, 15]}]
+    assert index.numbers == [0, 1, 7] and index.inputs == [[0, 3], None, [9, 15]]
     write(tmp_path, [3, 4])
     assert read_index(tmp_path).conversion is None
 

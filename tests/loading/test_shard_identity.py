@@ -81,7 +81,7 @@ def test_the_converters_record_the_conversion_and_place_of_every_shard(shard_con
     assert re.fullmatch("[0-9a-f]{16}", index.conversion)
     for shard in range(index.num_shards):
         place = read_packed(index.path(shard))[1]["shard"]
-        assert place == {**index.places[shard], "conversion": index.conversion}
+        assert place == {"number": index.numbers[shard], "inputs": index.inputs[shard], "conversion": index.conversion}
         assert place["number"] == shard and place["inputs"][0] >= int(index.starts[shard])  # skipped inputs
 
 
@@ -173,7 +173,7 @@ def test_an_index_naming_the_other_container_is_refused_at_open(shard_converted,
 
 
 def strip_identity(root):
-    """Make ``root`` as a conversion before NOTE [shard identity] wrote it: no conversion id, index without places."""
+    """Make ``root`` as a conversion before NOTE [shard identity] wrote it: no conversion id, index without numbers."""
     index = read_index(root)
     sizes = {}
     for name in index.names:
@@ -194,7 +194,7 @@ def test_a_folder_written_before_the_identity_reads_and_swaps_are_still_refused(
     source = shard_converted(fmt, "raw")
     root = strip_identity(shard_copy(source))
     index = read_index(root)
-    assert index.conversion is None and index.places[1] == {"number": 1, "inputs": None}  # from the name
+    assert index.conversion is None and index.numbers[1] == 1 and index.inputs[1] is None  # the name's number
     expected = read_everything(source)
     for got, want in zip(read_everything(root), expected):
         assert np.array_equal(got, want)
