@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,10 +21,26 @@ from fastdata.measure.synthetic import make_imagefolder
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")  # aiohttp sessions of s3fs closed at exit
 
 SAMPLES_PER_SHARD = 16
+
+
+class NoWaiting:
+    """The cache module's ``time``, whose ``sleep`` fails: any fetch that polls for room raises (workers fork it)."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def sleep(seconds):
+        raise AssertionError(f"a fetch waited for room in the cache (a poll of {seconds} s)")
+
+
 _EPOCH = """
 import hashlib, json, sys
 import numpy as np
+import fastdata.storage.cache
 from fastdata import make_loader, open_dataset
+sys.path.insert(0, sys.argv.pop())  # this test module, for NoWaiting
+from test_remote_cache import NoWaiting
+fastdata.storage.cache.time = NoWaiting
 url, options, cache_dir, limit, workers = sys.argv[1:]
 dataset = open_dataset(url, storage_options=json.loads(options), cache_dir=cache_dir, cache_limit=int(limit))
 digests = []
@@ -121,7 +138,8 @@ def test_a_changed_shard_that_cannot_be_fetched_again_is_refused_by_name(photos,
 
 
 def test_a_three_shard_cache_read_by_two_workers_reads_each_sample_once_without_waiting(photos, s3_server, tmp_path,
-                                                                                      capfd):
+                                                                                      capfd, monkeypatch):
+    monkeypatch.setattr("fastdata.storage.cache.time", NoWaiting)
     local_root, url = photos
     expected = digests_of(open_dataset(local_root))
     limit = 3 * largest_shard(local_root)
@@ -140,13 +158,20 @@ def test_two_processes_sharing_a_small_cache_read_each_sample_once_without_waiti
     expected = digests_of(open_dataset(local_root))
     limit = 3 * largest_shard(local_root)
     args = [url, json.dumps(s3_server.storage_options), os.fspath(tmp_path), str(limit)]
-    children = [subprocess.Popen([sys.executable, "-W", "error::RuntimeWarning", "-c", _EPOCH, *args, workers],
+    here = os.path.dirname(__file__)
+    children = [subprocess.Popen([sys.executable, "-W", "error::RuntimeWarning", "-c", _EPOCH, *args, workers, here],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for workers in ("0", "2")]
-    for child in children:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, err
-        assert json.loads(out)["digests"] == expected
-        assert "held by readers" not in err
+    try:
+        for child in children:
+            out, err = child.communicate(timeout=300)
+            assert child.returncode == 0, err
+            assert json.loads(out)["digests"] == expected
+            assert "held by readers" not in err and "waited for room" not in err
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
 
 
 def test_loader_batches_equal_the_local_folder_through_a_small_cache(photos, s3_server, tmp_path):
