@@ -16,6 +16,7 @@ _EXPORTS = {
     "BatchIndexSampler": "fastdata.loading.samplers",
     "BucketBatchSampler": "fastdata.loading.samplers",
     "ConversionReport": "fastdata.converters",
+    "DiskFullError": "fastdata.errors",
     "FastdataError": "fastdata.errors",
     "FormatError": "fastdata.errors",
     "HDF5Dataset": "fastdata.loading.datasets",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what type checkers see: the real names, re-exported ("X as 
     from fastdata.converters import ConversionReport as ConversionReport
     from fastdata.converters import convert_imagefolder as convert_imagefolder
     from fastdata.converters import convert_text as convert_text
+    from fastdata.errors import DiskFullError as DiskFullError
     from fastdata.errors import FastdataError as FastdataError
     from fastdata.errors import FormatError as FormatError
     from fastdata.errors import MissingDependencyError as MissingDependencyError

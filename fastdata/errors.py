@@ -47,6 +47,10 @@ class MissingDependencyError(FastdataError, ImportError):
     """An optional package is needed for this feature and is not installed."""
 
 
+class DiskFullError(FastdataError, OSError):
+    """The disk fastdata writes to (a shard cache, an output folder) has no room left."""
+
+
 class RemoteError(FastdataError, OSError):
     """A remote file (a URL) could not be read or written, after retrying what looked transient."""
 

@@ -4,7 +4,9 @@ See NOTE [shard cache] for the protocol.
 """
 
 import contextlib
+import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -16,7 +18,7 @@ import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-from fastdata.errors import FormatError, NotFoundError, OptionError
+from fastdata.errors import DiskFullError, FormatError, NotFoundError, OptionError
 from fastdata.formats.shards import file_checksum, sync_folder
 from fastdata.storage.retry import retried
 from fastdata.storage.urls import join
@@ -142,6 +144,21 @@ def _forget_inherited_locks():
 os.register_at_fork(after_in_child=_forget_inherited_locks)
 
 
+def _reports_full_disk(method):
+    """Raise a full disk under the cache folder (ENOSPC, EDQUOT: a bare OSError) as a DiskFullError that names the
+    folder, the bytes needed and what to do; ``method``'s first argument, if any, is the shard it writes."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DiskFullError(self._full_disk_message(args[0] if args else None)) from exc
+
+    return wrapper
+
+
 def cache_root(cache_dir=None):
     """Return the folder of every fastdata cache: ``cache_dir``, else $FASTDATA_CACHE, else the user's cache."""
     if cache_dir is not None:
@@ -203,6 +220,7 @@ class ShardCache:
         self._local, self._pid = None, None
         self._synced = not self._settle_boot()  # see NOTE [unsynced shards]
 
+    @_reports_full_disk
     def _settle_boot(self):
         """Make the folder's shards this boot's (NOTE [unsynced shards]); return whether the boot is known."""
         boot = boot_id()
@@ -262,6 +280,7 @@ class ShardCache:
         except FileNotFoundError:
             return False
 
+    @_reports_full_disk
     def fetch(self, shard, wait=True):
         """Return the local path of shard ``shard``'s complete, verified copy, downloading it unless present.
 
@@ -526,6 +545,14 @@ class ShardCache:
     def rechecked(self):
         """Return how many present shards this process found changed since verified and checked again."""
         return self._state()["rechecked"]
+
+    def _full_disk_message(self, shard):
+        free = shutil.disk_usage(self.folder).free
+        what = "cannot set up the shard cache" if shard is None else (
+            f"cannot cache shard {shard} of {self.index.root!r} ({self._sizes[self.index.names[shard]]:,} bytes)")
+        return (f"{what}: no space left on the device of the cache folder {self.folder!r} ({free:,} bytes free). "
+                "Free space there, or give cache_dir= (or $FASTDATA_CACHE) a folder on a disk with room, or a "
+                f"cache_limit= below the free space (now {self.cache_limit:,} bytes)")
 
     def _over_message(self, shard):
         count = sum(1 for _, _, kind in self._scan() if kind == "complete")

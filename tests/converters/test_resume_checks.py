@@ -10,7 +10,7 @@ import sys
 import pytest
 from support import NUM_CLASSES, PER_CLASS, folder_listing, one_error_line, run_cli
 
-from fastdata import OptionError, convert_imagefolder, convert_text
+from fastdata import FastdataError, OptionError, convert_imagefolder, convert_text
 from fastdata.verify import verify
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -171,3 +171,21 @@ def test_text_resume_with_other_settings_or_of_a_file_is_refused(text_corpus, te
     assert result.exit_code == 1 and "preprocessing.max_length: recorded None, now 7" in one_error_line(result)
     with pytest.raises(OptionError, match="resume needs a shard folder"):
         convert_text(text_corpus / "train", tmp_path / "one.h5", resume=True, progress=False)
+
+
+# ---------------------------------------------------------------- at a URL
+
+
+def test_a_finished_url_with_a_shard_gone_is_refused_naming_it(source_root, s3_server, sharded_options, tmp_path,
+                                                               monkeypatch):
+    # Before: "done", nothing checked. The listing the resume reads anyway gives each object's size.
+    monkeypatch.setenv("FASTDATA_CACHE", os.fspath(tmp_path / "cache"))
+    options = {**sharded_options(), "storage_options": s3_server.storage_options, "workers": 1}
+    url = s3_server.bucket() + "/train"
+    convert_imagefolder(source_root, url, **options)
+    assert convert_imagefolder(source_root, url, resume=True, **options).finished
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    s3_server.client().delete_object(Bucket=bucket, Key=f"{prefix}/shard-00002.h5")
+    with pytest.raises(FastdataError, match=rf"'{url}' is damaged \('shard-00002.h5' missing\); convert it again "
+                                            "with --overwrite"):
+        convert_imagefolder(source_root, url, resume=True, **options)
