@@ -183,3 +183,13 @@ def test_loader_batches_equal_the_local_folder_through_a_small_cache(photos, s3_
     twin = make_loader(local, 32, shuffle="block", block_size=order["block_size"], window=order["window"])
     for a, b in zip(make_loader(remote, 32, shuffle=True), twin, strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_cached_shard_written_over_under_its_reader_is_reported(photos, s3_server, tmp_path):
+    _, url = photos
+    dataset = open_dataset(url, storage_options=s3_server.storage_options, cache_dir=tmp_path, prefetch=0)
+    dataset.read_batch([SAMPLES_PER_SHARD + 4])  # shard 1 open, its copy held
+    dataset._store.recheck_seconds = 0.0  # compared at every batch, not once a second
+    corrupt_in_place(cache_of(dataset).path(1))
+    with pytest.raises(FormatError, match=r"shard-00001\.h5' was modified after this dataset was opened"):
+        dataset.read_batch([SAMPLES_PER_SHARD + 4])
