@@ -426,9 +426,11 @@ class RowTimeout(Exception):
     """A row ran past its deadline."""
 
 
-# NOTE [row deadline]: a cache too small for what its readers hold makes a
-# fetch wait for room (ShardCache.wait_seconds, 30 s) before it goes over
-# the limit. At commit 964c374 the 2- and 4-shard rows stalled past 20 s
+# NOTE [row deadline]: a cache too small for what its readers hold made a
+# fetch wait for room (ShardCache.wait_seconds, 30 s) before it went over
+# the limit (since 5a6bcb6 it goes over at once: NOTE [no waiting on
+# readers] in fastdata/storage/cache.py; the deadline stays as a guard).
+# At commit 964c374 the 2- and 4-shard rows stalled past 20 s
 # in every round of the 6,000-image run; in the 2-shard row of 160 images:
 # a batch spanning two shards held both, and the prefetcher, fetching the
 # next one, waited for room while holding that shard's lock, which the
