@@ -85,7 +85,9 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # kept if its size and crc32 still match the index, else deleted and downloaded again (``rechecked()``
 # counts these). Before, a shard corrupted in place, or replaced by another shard of the same size between
 # two runs, was read back as wrong pixels. The LRU stamp moved from the shard's mtime to the record's, so
-# that using a shard does not change its fingerprint.
+# that using a shard does not change its fingerprint (and a store compares an open copy's mtime: NOTE
+# [cached shards] in loading/shards.py). A folder cached before records were kept has none: each of its
+# shards is read back once, by the first fetch, and recorded.
 # NOTE [cost of verifying]: measured on 2 busy cores (load 6-8) through a file:// URL, 2,000 64 px raw images in
 # 32 shards of 786 KB, 2 x 3 rounds alternating with the tree before (/tmp/p27/bench_cache.py): downloads
 # 137-180 MB/s against 132-193 (a stat and a 100-byte record a shard); a fetch of a present shard 23-67k/s
