@@ -76,7 +76,9 @@ def make_loader(
     ``torch.distributed`` each rank reads its share of every global batch of
     ``batch_size * world_size`` samples, in one order for any world size and
     number of workers (see NOTE [global order] in order.py); every rank
-    yields ``len(loader)`` batches. ``state_dict()`` and
+    yields ``len(loader)`` batches, and at the first iteration the ranks
+    compare their loaders and refuse to differ (see NOTE [rank agreement]
+    in agreement.py). ``state_dict()`` and
     ``load_state_dict()`` checkpoint and resume mid-epoch (see NOTE [loader
     state]). With ``device``, batches come out on that device, augmented,
     normalized, in ``dtype`` and ``memory_format`` (see NOTE [device
@@ -159,7 +161,8 @@ def make_loader(
     Raises:
         TypeError: ``dataset`` is not a fastdata dataset, or ``batch_sampler``
             not an iterable of index batches.
-        ValueError: a bad option value.
+        ValueError: a bad option value; at the first iteration, an OptionError
+            where the ranks' loaders differ (dataset, order settings, resume position).
 
     Example:
         >>> loader = make_loader(HDF5Dataset("train.h5"), batch_size=256, shuffle=True)

@@ -3,6 +3,7 @@
 from collections.abc import Mapping
 
 from fastdata.errors import OptionError
+from fastdata.loading.agreement import check_agreement
 from fastdata.loading.samplers import EpochSampler
 
 STATE_VERSION = 2  # of state_dict's format and of the order it resumes (2: the faster keyed mix); another is refused
@@ -46,9 +47,17 @@ class Resumable:
 
     sampler: EpochSampler
     _position = None  # [epoch, steps handed] of the iteration in progress, or None between epochs
+    _agreed = False  # the ranks compared this loader: not again (see NOTE [rank agreement] in agreement.py)
 
     def _begin_epoch(self):
-        """Return ``[epoch, start step]`` of the epoch about to be iterated (None without an EpochSampler)."""
+        """Return ``[epoch, start step]`` of the epoch about to be iterated (None without an EpochSampler).
+
+        Raises:
+            OptionError: at the first iteration under a process group, the ranks' loaders differ (see NOTE
+                [rank agreement]).
+        """
+        if not self._agreed:
+            self._agreed = check_agreement(self)
         if isinstance(self.sampler, EpochSampler):
             self._position = [self.sampler.epoch, self.sampler.start_step]
             return self._position

@@ -9,14 +9,20 @@ the group is up) and ``runs``, each a dict of ``batch_size``, ``options``
 rank), ``early`` (the loader is made before the process group exists:
 NOTE [late rank] in samplers.py), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
 steps]``: take the state after that many batches of that epoch, then end
-the run), ``sleep`` (seconds per step) and ``announce`` (the rank that
-prints each step). Rank and world size come from the process group. Every
+the run), ``sleep`` (seconds per step), ``announce`` (the rank that
+prints each step), ``reduce`` (false: no collective per step) and ``ranks``
+(rank -> keys of the run that rank has otherwise: another seed in
+``options``, another dataset's ``path``, a ``state``...: ranks that
+disagree). Rank and world size come from the process group. Every
 step does an ``all_reduce`` of the batch's size, so ranks that disagree on
-the number of steps hang until the group's timeout. Writes
+the number of steps hang until the group's timeout; so does the barrier at
+the end, where a rank that ended sooner waits. Writes
 ``out/rank<RANK>.json``: per run its ``len``, its state at the end (or at
 ``stop``), ``alone`` (what ``shuffle=True`` picks on this rank by itself)
 and per epoch per step the labels this rank got and the global batch size
-the reduce summed.
+the reduce summed; a run refused with a FastdataError gives ``error`` (its
+message) and ``seconds`` (from the run's start) instead, and the next run
+goes on in the same group.
 """
 
 import datetime
@@ -30,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from fastdata import make_loader, open_dataset
+from fastdata.errors import FastdataError
 from fastdata.loading.samplers import BucketBatchSampler
 from fastdata.loading.shuffles import choose_shuffle
 
@@ -45,8 +52,24 @@ def make_rank_loader(dataset, spec):
     return make_loader(dataset, batch_sampler=sampler, **spec["options"])
 
 
+def rank_spec(spec, rank):
+    """Return ``spec`` with what ``spec["ranks"]`` gives ``rank`` otherwise."""
+    return {**spec, **spec.get("ranks", {}).get(str(rank), {})}
+
+
 def run(dataset, spec, loader=None):
     """Iterate one loader (``loader``, or one made now) as ``spec`` says; return what the parent checks."""
+    start = time.monotonic()
+    try:
+        return iterate(dataset, spec, loader)
+    except FastdataError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+
+
+def iterate(dataset, spec, loader=None):
+    """Iterate as ``run`` says, raising what the loader raises."""
+    if "path" in spec:  # this rank's own dataset
+        dataset = open_dataset(spec["path"])
     if loader is None:
         loader = make_rank_loader(dataset, spec)
     if spec.get("state") is not None:
@@ -57,7 +80,8 @@ def run(dataset, spec, loader=None):
         for batch in loader:
             labels = batch[-1]
             size = torch.tensor([len(labels)])
-            dist.all_reduce(size)
+            if spec.get("reduce", True):
+                dist.all_reduce(size)
             steps.append({"labels": labels.tolist(), "global": int(size)})
             if spec.get("announce") == dist.get_rank():
                 print(f"step {len(steps)}", flush=True)
@@ -79,15 +103,17 @@ def main(spec_path, rank):
     with open(spec_path) as f:
         spec = json.load(f)
     torch.set_num_threads(1)
-    early = {run_number: make_rank_loader(open_dataset(spec["path"]), one)
-             for run_number, one in enumerate(spec["runs"]) if one.get("early")}
+    runs = [rank_spec(one, rank) for one in spec["runs"]]
+    early = {run_number: make_rank_loader(open_dataset(one.get("path", spec["path"])), one)
+             for run_number, one in enumerate(runs) if one.get("early")}
     dist.init_process_group("gloo", rank=rank, world_size=spec["world_size"],
                             timeout=datetime.timedelta(seconds=spec["timeout"]))
     if str(rank) in spec.get("cgroups", {}):  # joined now, its memory so far stays charged where it was
         with open(spec["cgroups"][str(rank)], "w") as f:
             f.write(f"{os.getpid()}\n")
     dataset = open_dataset(spec["path"])
-    results = [run(dataset, one, early.get(run_number)) for run_number, one in enumerate(spec["runs"])]
+    results = [run(dataset, one, early.get(run_number)) for run_number, one in enumerate(runs)]
+    dist.barrier()  # as a trainer's last checkpoint: a rank that ends its epochs sooner waits for the others
     with open(os.path.join(spec["out"], f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
