@@ -314,9 +314,58 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
     if memory_format is not None and not isinstance(memory_format, torch.memory_format):
         raise TypeError(f"memory_format should be a torch.memory_format such as torch.channels_last, "
                         f"got {memory_format!r}")
+    _check_normalization(augment, normalize)
+    _check_dtype(dtype, normalized=normalize is not False and normalize is not None or _normalizes(augment))
     fuse_crop = "crop" in getattr(dataset, "read_options", ())
     return DevicePipeline(device, augment=augment, normalize=_statistics(dataset, normalize), dtype=dtype,
                           memory_format=memory_format, seed=seed, ahead=ahead, fuse_crop=fuse_crop)
+
+
+def _normalizes(augment):
+    """Whether ``augment`` is a Normalize or a Compose holding one."""
+    if isinstance(augment, Normalize):
+        return True
+    return isinstance(augment, Compose) and any(_normalizes(transform) for transform in augment.transforms)
+
+
+def _check_normalization(augment, normalize):
+    """Refuse a Normalize in ``augment`` together with ``normalize``: the batches would be normalized twice."""
+    if _normalizes(augment) and normalize is not False and normalize is not None:
+        raise OptionError(f"augment={augment!r} normalizes, and normalize={normalize!r} would normalize the "
+                          "batches a second time; pass normalize=False, or leave Normalize out of augment")
+
+
+def _check_dtype(dtype, normalized):
+    """Refuse a ``dtype`` that cannot hold the batches: normalized ones need floats, others 0..255.
+
+    A cast of 0..255 pixels to int8 wraps 255 to -1, to bool makes every pixel but black True, and to a
+    float8 rounds them to a few dozen values; every integer and float dtype that holds 0..255 exactly
+    is taken.
+    """
+    if dtype is None:
+        return
+    if normalized:
+        if not dtype.is_floating_point:
+            raise OptionError(f"dtype should be a floating dtype for normalized images (torch.float32, float16, "
+                              f"bfloat16), got dtype={dtype}")
+        return
+    if not _holds_pixels(dtype):
+        raise OptionError(f"dtype={dtype} cannot hold pixel values 0..255 (without normalize the images are only "
+                          "cast): pass torch.uint8, int16, int32, int64, float16, bfloat16, float32 or float64, or "
+                          "normalize=True for floats around 0")
+
+
+def _holds_pixels(dtype):
+    """Whether ``dtype`` holds every integer 0..255 exactly."""
+    if dtype.is_floating_point:
+        return torch.finfo(dtype).eps <= 2.0**-7  # 8 significant bits or more: every integer up to 256
+    if dtype == torch.bool or dtype.is_complex:
+        return False
+    try:
+        info = torch.iinfo(dtype)
+    except TypeError:  # quantized dtypes
+        return False
+    return info.min <= 0 and info.max >= 255
 
 
 def _check_device(device):

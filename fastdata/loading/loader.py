@@ -141,13 +141,16 @@ def make_loader(
             fastdata.loading.augment, e.g. ``RandomResizedCrop(224)``, called
             with each batch's global indices, its epoch and ``seed``; a
             leading RandomResizedCrop runs in the JPEG decoder (see NOTE
-            [fused crop] in device.py). Images only.
+            [fused crop] in device.py). Images only. One that holds a
+            Normalize takes ``normalize=False`` (it would normalize twice).
         normalize: with ``device``: True: ``(x / 255 - mean) / std`` with the
             file's stored per-channel mean and std; or a ``(mean, std)`` pair
             in [0, 1] units; False: none. Images only.
         dtype: with ``device``: the images' dtype (float32, float16,
             bfloat16, ...); default float32 with ``normalize``, else as read
-            (or augmented). Without ``normalize`` a cast only, 0..255.
+            (or augmented). Normalized images take a floating dtype; without
+            ``normalize`` it is a cast only, 0..255, so a dtype that cannot
+            hold every value 0..255 (int8, bool, float8) is refused.
         memory_format: with ``device``: e.g. ``torch.channels_last``;
             default: as read (or augmented).
 

@@ -12,7 +12,7 @@ from fastdata import make_loader, open_dataset
 from fastdata.codecs.images import decode_jpeg_resized_crop, jpeg_size
 from fastdata.errors import OptionError
 from fastdata.formats import read_packed
-from fastdata.loading.augment import CenterCrop, Compose, RandomCrop, RandomResizedCrop
+from fastdata.loading.augment import CenterCrop, Compose, Normalize, RandomCrop, RandomResizedCrop
 from fastdata.loading.device import HostBatch, StagingSlots, make_pipeline
 from fastdata.loading.samplers import BatchIndexSampler
 
@@ -273,6 +273,43 @@ def test_bad_options_are_refused_clearly(packed_files):
     if not torch.cuda.is_available():
         with pytest.raises(OptionError, match="CUDA is not available here"):
             make_loader(dataset, 4, device="cuda")
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.bfloat16, torch.float16])
+def test_a_cast_keeps_every_pixel_value(packed, dtype):
+    dataset = open_dataset(packed)
+    plain = epoch_batches(make_loader(dataset, 8))
+    cast = epoch_batches(make_loader(dataset, 8, device="cpu", dtype=dtype))
+    assert max(int(images.max()) for images, _ in plain) == 255
+    for (images, _), (ours, _) in zip(plain, cast, strict=True):
+        assert ours.dtype == dtype and torch.equal(ours.to(torch.int64), images.to(torch.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.float8_e4m3fn])
+def test_a_dtype_that_cannot_hold_pixels_is_refused(packed, dtype):
+    # int8 once wrapped 255 to -1, bool made every pixel but black True
+    dataset = open_dataset(packed)
+    with pytest.raises(OptionError, match=rf"dtype={dtype} cannot hold pixel values 0..255 .* pass torch.uint8"):
+        make_loader(dataset, 4, device="cpu", dtype=dtype)
+    if dtype.is_floating_point:  # normalized images, floats around 0, are another matter
+        make_loader(dataset, 4, device="cpu", dtype=dtype, normalize=True)
+
+
+def test_normalizing_twice_is_refused_naming_both_options(packed):
+    # augment=Normalize(...) with normalize=True once normalized every batch twice
+    dataset = open_dataset(packed)
+    normalize = Normalize(dataset.metadata["mean"], dataset.metadata["std"])
+    for augment in (normalize, Compose(CenterCrop(8), normalize)):
+        for option in (True, (dataset.metadata["mean"], dataset.metadata["std"])):
+            with pytest.raises(OptionError, match=r"augment=.*Normalize\(.* normalizes, and normalize=.* would "
+                                                  r"normalize the batches a second time; pass normalize=False"):
+                make_loader(dataset, 4, device="cpu", augment=augment, normalize=option)
+        with pytest.raises(OptionError, match="dtype should be a floating dtype for normalized images"):
+            make_loader(dataset, 4, device="cpu", augment=augment, dtype=torch.int16)
+    once = epoch_batches(make_loader(dataset, 4, device="cpu", augment=normalize, dtype=torch.bfloat16))
+    expected = epoch_batches(make_loader(dataset, 4, device="cpu", normalize=True, dtype=torch.bfloat16))
+    for (ours, _), (theirs, _) in zip(once, expected, strict=True):
+        torch.testing.assert_close(ours, theirs)
 
 
 class Unnormalized:
