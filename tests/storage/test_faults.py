@@ -105,6 +105,16 @@ def test_a_never_answering_endpoint_fails_within_the_stated_bound(photos, s3_ser
         assert time.monotonic() - start < bound
 
 
+def test_a_never_answering_http_endpoint_fails_within_the_stated_bound(http_server, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDATA_TIMEOUT", "1")  # given to aiohttp as its connect and read timeouts
+    monkeypatch.setenv("FASTDATA_RETRY_SECONDS", "2")
+    with FaultProxy(http_server.url, rate=1.0, faults=("hang",), hang_seconds=60) as proxy:
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match=rf"'{proxy.url}/train/index\.json': .*FASTDATA_TIMEOUT=1 s"):
+            open_dataset(proxy.url + "/train", cache_dir=tmp_path)
+        assert time.monotonic() - start < 2 + 1 + 5 and 1 <= proxy.requests <= 3
+
+
 def test_a_permanent_failure_is_not_retried_and_names_the_url(photos, s3_server, tmp_path):
     source, _ = photos
     url = s3_server.bucket() + "/train"
