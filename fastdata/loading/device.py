@@ -291,7 +291,8 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
 
     Raises:
         OptionError: an option without ``device``, one that does not apply to a text file, a CUDA device
-            without CUDA, or a normalization the file has no statistics for.
+            without CUDA, a normalization the file has no statistics for or that ``augment`` already does,
+            or a ``dtype`` that cannot hold the images (see _check_dtype).
         TypeError: ``augment`` is not callable, ``dtype`` not a torch.dtype or ``memory_format`` not a
             torch.memory_format.
     """

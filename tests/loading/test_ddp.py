@@ -436,6 +436,25 @@ def test_a_loader_read_on_one_rank_alone_waits_for_no_other(labeled_files, tmp_p
     assert results[0][1]["len"] == -(-PRIME // GLOBAL_BATCH)
 
 
+@pytest.mark.parametrize("backend", ["gloo", None])  # None: init_process_group's default, "cpu:gloo[,cuda:nccl]"
+def test_the_comparison_gathers_cpu_tensors_where_the_backend_takes_them(monkeypatch, backend):
+    import torch
+    import torch.distributed as dist
+
+    from fastdata.loading.agreement import _collective_device
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group(backend, rank=0, world_size=1)
+    try:
+        assert _collective_device() == torch.device("cpu")
+        monkeypatch.setattr(dist, "get_backend_config", lambda: "cuda:nccl")  # an nccl group: this rank's GPU
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        assert _collective_device() == torch.device("cuda", 3)
+    finally:
+        dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------- refused states
 
 
