@@ -107,7 +107,9 @@ def convert():
               help="Shard folder OUT: container of the shard files [default: hdf5].")
 @click.option("--shard-size", type=_ByteSize(), default=None,
               help="Shard folder OUT: bytes per shard file: 64MB, 256MiB, 1GB or plain bytes [default: 64MiB].")
-@click.option("--resume", is_flag=True, help="Shard folder OUT: finish an interrupted conversion, keeping its shards.")
+@click.option("--resume", is_flag=True,
+              help="Shard folder OUT: finish an interrupted conversion, keeping its intact shards; on a finished OUT, "
+                   "check every file and redo those missing or damaged.")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Shard folder OUT: convert on the Dask cluster of this scheduler (tcp://HOST:8786); "
                    "OUT must be a folder its workers see, or a URL they reach.")

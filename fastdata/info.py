@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from fastdata.formats import format_of, read_packed
+from fastdata.formats.schema import check_dataset_fields
 from fastdata.formats.shards import read_index
 
 _SHOWN_SKIPS = 10
@@ -23,6 +24,7 @@ def describe(path, all_skipped=False):
         header, metadata = _folder_lines(path)
     else:
         _, metadata = read_packed(path)  # checked: a damaged file is named here
+        check_dataset_fields(metadata, os.fspath(path))  # every field printed below
         header = [
             f"file:        {os.fspath(path)!r} ({format_of(path)}, format version {metadata['format_version']})",
             f"size:        {_human_bytes(os.path.getsize(path))}",

@@ -19,6 +19,7 @@ from fastdata.formats.layout import (
     sample_ranges,
     stored_columns,
 )
+from fastdata.formats.schema import check_dataset_fields
 from fastdata.formats.shards import (
     INDEX_NAME,
     file_checksum,
@@ -108,6 +109,7 @@ def verify(path, quick=False):
     report = VerifyReport(path, quick)
     try:
         columns, metadata = read_packed(path, check=False)
+        check_dataset_fields(metadata, path, complete="shard" not in metadata)  # a shard's index holds the rest
     except FormatError as exc:
         report.problems.append(Problem("structure", str(exc)))
         return report
@@ -208,7 +210,7 @@ def _check_labels(report, columns, metadata):
         message = f"{format_samples(bad)}: outside {label_bounds(metadata)} (sample {bad[0]}: {labels[bad[0]]})"
         report.problems.append(Problem("labels", message, bad))
     elif "class_counts" in metadata:
-        counts = np.bincount(np.asarray(labels)[np.asarray(labels) >= 0], minlength=len(metadata["classes"]))
+        counts = np.bincount(np.asarray(labels)[np.asarray(labels) >= 0], minlength=len(metadata["class_counts"]))
         if counts.tolist() != metadata["class_counts"]:
             report.problems.append(
                 Problem("labels", f"labels count {counts.tolist()} per class, the metadata {metadata['class_counts']}")
@@ -235,7 +237,10 @@ def _check_jpegs(report, columns, metadata):
 
 def _check_tokens(report, columns, metadata):
     """Check that every stored token id is below the tokenizer's vocabulary size."""
-    vocab_size = int(metadata["tokenizer"]["vocab_size"])
+    vocab_size = metadata.get("tokenizer", {}).get("vocab_size")
+    if not isinstance(vocab_size, int):
+        report.problems.append(Problem("structure", f"the metadata lacks the tokenizer's vocab_size: {vocab_size!r}"))
+        return
     values, found = columns.samples, []
     for start in range(0, len(values), _SCAN):
         part = np.asarray(values[start : start + _SCAN])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import one_error_line, private_copy, run_cli
+from support import one_error_line, private_copy, rewrite_metadata, run_cli
 
 from fastdata import FastdataError, FormatError, open_dataset
 from fastdata.info import describe
@@ -124,6 +124,28 @@ def test_the_cli_names_a_damaged_index_in_one_line(folder, command):
     assert result.exit_code == 1 and "Traceback" not in result.output
     text = one_error_line(result) if command == "info" else result.output
     assert repr(os.fspath(root / "index.json")) in text and "field metadata.num_samples is missing" in text
+
+
+# ---------------------------------------------------------------- one packed file's metadata
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "arrow"])
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda metadata: metadata.pop("mean"), "field mean is missing"),  # info: KeyError 'mean' before
+    (lambda metadata: metadata.pop("classes"), "field classes is missing"),  # verify: KeyError 'classes' before
+    (lambda metadata: metadata.update(class_counts="6,6"), "field class_counts should be a list"),
+    (lambda metadata: metadata.update(skipped=[{"path": None}]), "field skipped[0].path should be text, got None"),
+])
+def test_a_packed_file_with_damaged_metadata_is_named(packed_files, tmp_path, fmt, change, named):
+    path = rewrite_metadata(private_copy(packed_files(fmt, "raw"), tmp_path, "damaged"), change)
+    for command in ("info", "verify"):
+        result = run_cli(command, path)
+        assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+        assert repr(os.fspath(path)) in result.output and named in result.output
+        assert 're-run "fastdata convert"' in result.output
+    if "missing" not in named:  # a field of the wrong type is refused when the file is opened, too
+        with pytest.raises(FormatError, match=re.escape(named)):
+            open_dataset(path)
 
 
 # ---------------------------------------------------------------- an HDF5 file's checksum group

@@ -207,7 +207,9 @@ def convert_imagefolder(
         format: shard folder: "hdf5" (default) or "arrow".
         shard_size: shard folder: bytes per shard [default: DEFAULT_SHARD_BYTES, 64 MiB].
         resume: shard folder: finish an interrupted conversion of the same settings,
-            keeping its intact shards.
+            keeping its intact shards; on a finished one, check every file its index
+            lists (size and crc32) and redo those missing or damaged (``report.redone``),
+            or report it finished (``report.finished``) with nothing rewritten.
         executor: shard folder: run the shards on this ``concurrent.futures.Executor``
             or ``dask.distributed.Client`` instead of ``workers`` local processes.
         part: shard folder: ``(i, n)``: write only shards ``k`` with ``k % n == i``; the

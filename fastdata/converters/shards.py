@@ -420,7 +420,9 @@ def source_digest(src, names):
 # index lists, cheaply (its size, then its whole-file crc32 against the index:
 # no decoding, one read of each file), and redoes what is missing or damaged
 # from the recorded plan and records, saying which; an intact folder is
-# reported as finished, nothing rewritten.
+# reported as finished, nothing rewritten. Cost: the crc32 pass, 256 MiB in 8
+# shards checked in 1.1-1.2 s from the page cache and 1.5 s after dropping it
+# (this 2-core VM while tests ran beside it): a fraction of converting them.
 def damaged_files(root):
     """Return ``[(file name, what is wrong)]``: the files of the finished shard folder ``root`` unlike its index.
 

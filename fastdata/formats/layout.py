@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.errors import FormatError
+from fastdata.formats.schema import check_dataset_fields
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 2  # 2: chunk checksums; version 1 files still read, without them
@@ -150,6 +151,7 @@ def decode_metadata(text, path):
     missing = [key for key in _REQUIRED_KEYS if key not in metadata]
     if missing:
         raise FormatError(f"{path!r}: fastdata metadata lacks {missing}; re-run \"fastdata convert\"")
+    check_dataset_fields(metadata, path, complete=False)  # what is there has its type: a damaged file is named
     return metadata
 
 

@@ -1,11 +1,13 @@
 """The fields of a shard index and of a dataset's metadata, checked once where they are parsed.
 
 Readers, ``fastdata info`` and ``fastdata verify`` index into these JSON
-objects freely; a damaged or hand-edited ``index.json`` (a key dropped, a
-list where a number goes) made them fail deep inside with a bare KeyError,
-TypeError or AttributeError that named no file. Each field is checked here
-instead, and a bad one is a FormatError naming the file, the field (as a
-path: ``metadata.class_counts[2]``), what it should be and what to do.
+objects freely; a damaged or hand-edited ``index.json`` or packed file's
+metadata (a key dropped, a list where a number goes) made them fail deep
+inside with a bare KeyError, TypeError or AttributeError that named no file.
+Each field is checked here instead, and a bad one is a FormatError naming the
+file, the field (as a path: ``metadata.skipped[2].path``), what it should be
+and what to do. An index is checked whole when it is parsed; a packed file's
+present fields when it is opened, and whole by ``info`` and ``verify``.
 """
 
 import numpy as np
@@ -14,6 +16,7 @@ from fastdata.errors import FormatError
 
 _ADVICE = ('restore it, run "fastdata index" on its folder (a folder that still holds .fastdata/), '
            'or re-run "fastdata convert"')
+_FILE_ADVICE = 'the file is damaged: restore it, or re-run "fastdata convert"'
 
 
 def _count(value):
@@ -103,13 +106,17 @@ _TOKENIZER = {
 _LENGTHS = {key: (_number, "a number", True)
             for key in ("min", "max", "mean", "p50", "p90", "p95", "p99", "num_tokens", "truncated")}
 _OF_KIND = {  # what `fastdata info`, the loaders and verify read of each kind
-    "image": {"sample_shape": (lambda v: len(v) == 3 and all(map(_count, v)), "[channels, height, width]", True),
+    "image": {"sample_shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(map(_count, v)),
+                               "[channels, height, width]", True),
               **{key: (*_DATASET[key][:2], True) for key in ("classes", "class_counts", "mean", "std")}},
     "text": {"tokenizer": (_TOKENIZER, "a tokenizer object", True),
              "lengths": (_LENGTHS, "an object of length statistics", True),
              **{key: (*_DATASET[key][:2], True) for key in ("classes", "class_counts", "num_unlabeled",
                                                              "unk_fraction")}},
 }
+
+
+_CONTAINER_KEYS = ("kind", "sample_shape", "sample_dtype")
 
 
 def check_index_fields(index, where):
@@ -124,24 +131,39 @@ def check_index_fields(index, where):
     check_dataset_fields(index["metadata"], where, "metadata.")
 
 
-def check_dataset_fields(metadata, where, prefix=""):
-    """Check the fields of the dataset ``metadata`` of an index.
+def check_dataset_fields(metadata, where, prefix="", complete=True):
+    """Check the fields of the dataset ``metadata`` of an index or a packed file.
+
+    ``complete``: every field the dataset's kind holds must be there (an index, one packed file described or
+    verified); else only the fields present are checked (a file opened to read: a shard holds a few).
 
     Raises:
         FormatError: a field is missing or of the wrong type, naming ``where`` and the field.
     """
-    _check(metadata, _DATASET, where, prefix)
-    _check(metadata, _OF_KIND[metadata["kind"]], where, prefix)
+    advice = _ADVICE if prefix else _FILE_ADVICE  # an index's metadata, or a packed file's
+    if complete:
+        _check(metadata, _DATASET, where, prefix, advice)
+        _check(metadata, _OF_KIND[metadata["kind"]], where, prefix, advice)
+    else:  # the container checks the shape and dtype against its arrays; any kind may be stored
+        _check(metadata, _present({k: v for k, v in _DATASET.items() if k not in _CONTAINER_KEYS}), where, prefix,
+               advice)
+        _check(metadata, _present(_OF_KIND.get(metadata["kind"], {})), where, prefix, advice)
     for number, entry in enumerate(metadata.get("skipped", [])):
-        _check(entry, _SKIPPED, where, f"{prefix}skipped[{number}].")
+        _check(entry, _SKIPPED, where, f"{prefix}skipped[{number}].", advice)
 
 
-def _check(value, fields, where, prefix):
+def _present(fields):
+    """Return ``fields`` none of which is required, nested objects checked as objects only."""
+    return {key: (_is(dict) if isinstance(test, dict) else test, what, False) for key, (test, what, _) in
+            fields.items()}
+
+
+def _check(value, fields, where, prefix, advice=_ADVICE):
     bad = _first_bad(value, fields)
     if bad is None:
         return
     key, problem = bad
-    raise FormatError(f"{where!r}: field {prefix}{key} {problem}; {_ADVICE}")
+    raise FormatError(f"{where!r}: field {prefix}{key} {problem}; {advice}")
 
 
 def _first_bad(value, fields):
