@@ -34,6 +34,7 @@ from fastdata.formats.shards import (
     CONTAINER_EXTENSIONS,
     INDEX_NAME,
     file_checksum,
+    parse_index,
     read_index,
     shard_name,
     sync_folder,
@@ -41,6 +42,7 @@ from fastdata.formats.shards import (
     write_index,
     write_json_atomically,
 )
+from fastdata.storage.urls import join
 
 # NOTE [default shard size]: 64 MiB, as Mosaic Streaming and LitData use.
 # The size barely changes the work: 4000 varied ~500x375 JPEGs to 64 px raw,
@@ -229,11 +231,7 @@ class ShardFolder:
         """
         if self.remote is None:
             return damaged_files(self.root)
-        listed = [*self.recorded.get("shards", []), *self.recorded.get("columns", {}).values()]
-        sizes = self.remote_state.sizes
-        return [(entry["name"], "missing" if entry["name"] not in sizes else
-                 f"{sizes[entry['name']]} bytes, the index says {entry['bytes']}")
-                for entry in listed if sizes.get(entry["name"]) != entry["bytes"]]
+        return remote_damaged_files(self.remote.url, self.recorded, self.remote_state.sizes)
 
     def reopen(self, damaged):
         """Make the finished folder with ``damaged`` files (``damaged_files``) a conversion to finish again.
@@ -431,13 +429,32 @@ def damaged_files(root):
     """
     try:
         index = read_index(root)
-    except FastdataError as exc:  # its message, less the path and the advice
-        what = str(exc).replace(f"{os.path.join(root, INDEX_NAME)!r}: ", "").split("; ")[0]
-        return [(INDEX_NAME, f"damaged: {what}")]
+    except FastdataError as exc:
+        return [_index_damage(exc, os.path.join(root, INDEX_NAME))]
     listed = list(zip(index.names, index.sizes.tolist(), index.checksums))
     listed += [(entry["name"], entry["bytes"], entry["crc32"]) for entry in index.columns.values()]
     found = [(name, file_damage(os.path.join(root, name), size, crc32)) for name, size, crc32 in listed]
     return [(name, why) for name, why in found if why is not None]
+
+
+def remote_damaged_files(url, index, sizes):
+    """Return ``[(file name, what is wrong)]`` of the finished folder at ``url``: ``index`` its index.json (a dict),
+    ``sizes`` its listing's ``{file name: bytes}``. Files are compared by size only: each crc32 was checked
+    before the upload (NOTE [remote write] in upload)."""
+    where = join(url, INDEX_NAME)
+    try:
+        index = parse_index(json.dumps(index).encode(), where, url)
+    except FastdataError as exc:
+        return [_index_damage(exc, where)]
+    listed = list(zip(index.names, index.sizes.tolist()))
+    listed += [(entry["name"], entry["bytes"]) for entry in index.columns.values()]
+    return [(name, "missing" if name not in sizes else f"{sizes[name]} bytes, the index says {size}")
+            for name, size in listed if sizes.get(name) != size]
+
+
+def _index_damage(exc, where):
+    """Return ``("index.json", "damaged: ...")``: a FormatError's message less its path and advice."""
+    return INDEX_NAME, "damaged: " + str(exc).replace(f"{where!r}: ", "").split("; ")[0]
 
 
 def file_damage(path, size, crc32):

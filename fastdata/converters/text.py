@@ -142,17 +142,18 @@ def convert_text(
     source, redone = _source(inputs, src, text_field, label_field, include_unsup), []
     if shards is not None:
         shards["source_files"] = _source_files(src, inputs)
-    if resume and remote is None:  # see NOTE [resume checks what it keeps] in converters/shards.py
+    if resume:  # see NOTE [resume checks what it keeps] in converters/shards.py
         expected = {**shards, "preprocessing": _preprocessing(probe, min_freq, max_vocab), "source": source}
-        finished, redone = finished_folder(out, expected, build)
+        finished, redone = finished_folder(out, expected, build, remote)
         if finished is not None:
             skipped = [(entry["path"], entry["reason"]) for entry in finished["skipped"]]
             return ConversionReport(os.fspath(out), finished["num_samples"], skipped, time.perf_counter() - started,
                                     "doc", finished=True)
+    overwrite = overwrite or bool(redone)  # a finished folder a resume found damaged is converted again whole
     # A URL: the folder is written on this machine, then uploaded (index last) when it is complete.
     local = nullcontext(out) if remote is None else remote.uploading(overwrite)
-    with local as local_out, staged_output(local_out, overwrite or bool(redone), source=src,
-                                           folder=shards is not None) as (staging, staged_path):
+    with local as local_out, staged_output(local_out, overwrite, source=src, folder=shards is not None) as (
+            staging, staged_path):
         spec_path = os.path.join(staging, "tokenizer.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(probe.to_dict(), f)

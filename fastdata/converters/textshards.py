@@ -5,6 +5,7 @@ in one pass] in text); this module decides the shard boundaries and writes
 the shards and ``index.json``.
 """
 
+import json
 import os
 
 import numpy as np
@@ -16,12 +17,13 @@ from fastdata.converters.shards import (
     container_of,
     damaged_files,
     is_folder_output,
+    remote_damaged_files,
     write_shard,
 )
 from fastdata.errors import FastdataError, OptionError
 from fastdata.formats import Columns
-from fastdata.formats.shards import INDEX_NAME, conversion_id, read_index, write_column, write_index
-from fastdata.storage.urls import is_url
+from fastdata.formats.shards import INDEX_NAME, conversion_id, parse_index, read_index, write_column, write_index
+from fastdata.storage.urls import is_url, join
 
 _SAMPLE_BYTES = 16  # besides its ids, each stored sample costs an int64 label and an int64 offset
 # Per-sample facts every shard file holds (the dataset-wide ones live in the index only).
@@ -65,30 +67,39 @@ def shard_options(out, format, shard_size, on_error):
     return {"converter": "text", "container": container, "shard_size": int(shard_size), "on_error": on_error}
 
 
-def finished_folder(out, settings, build):
+def finished_folder(out, settings, build, remote=None):
     """Return ``(metadata, [])`` of the finished shard folder ``out`` when every file is intact, else ``(None,
     [(file name, what is wrong)])``: what a resume keeps (NOTE [resume checks what it keeps] in converters/shards).
 
     ``settings``: what the index's settings should be; with ``build`` (a vocabulary built from the texts) its
-    size is not known before tokenizing, and is not compared. No finished folder: ``(None, [])``.
+    size is not known before tokenizing, and is not compared. No finished folder: ``(None, [])``. ``remote``:
+    the RemoteFolder of a URL ``out``, whose files are compared by size.
 
     Raises:
         OptionError: ``out`` was converted with other settings.
     """
-    root = os.path.abspath(os.fspath(out))
-    if not os.path.isfile(os.path.join(root, INDEX_NAME)):
-        return None, []
+    if remote is None:
+        root = os.path.abspath(os.fspath(out))
+        if not os.path.isfile(os.path.join(root, INDEX_NAME)):
+            return None, []
+        read, damaged = (lambda: read_index(root)), (lambda: damaged_files(root))
+    else:
+        root, state = remote.url, remote.pull(check=True)
+        if state.index is None:
+            return None, []
+        read = lambda: parse_index(json.dumps(state.index).encode(), join(root, INDEX_NAME), root)  # noqa: E731
+        damaged = lambda: remote_damaged_files(root, state.index, state.sizes)  # noqa: E731
     try:
-        index = read_index(root)
+        index = read()
     except FastdataError:
-        return None, damaged_files(root)  # the index, named
+        return None, damaged()  # the index, named
     recorded = index.settings
     if build and isinstance(recorded.get("preprocessing"), dict):
         vocab_size = recorded["preprocessing"].get("vocab_size")
         settings = {**settings, "preprocessing": {**settings["preprocessing"], "vocab_size": vocab_size}}
     check_same_settings(root, recorded, settings)
-    damaged = damaged_files(root)
-    return (None, damaged) if damaged else (index.metadata, [])
+    found = damaged()
+    return (None, found) if found else (index.metadata, [])
 
 
 def _shard_bounds(sizes, shard_size):

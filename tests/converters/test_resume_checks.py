@@ -189,3 +189,19 @@ def test_a_finished_url_with_a_shard_gone_is_refused_naming_it(source_root, s3_s
     with pytest.raises(FastdataError, match=rf"'{url}' is damaged \('shard-00002.h5' missing\); convert it again "
                                             "with --overwrite"):
         convert_imagefolder(source_root, url, resume=True, **options)
+
+
+def test_text_resume_at_a_url_keeps_an_intact_folder_and_converts_a_damaged_one_again(text_corpus, s3_server,
+                                                                                      tmp_path, monkeypatch):
+    # Before: "is a finished shard folder; pass --overwrite", where the image converter took it as done.
+    monkeypatch.setenv("FASTDATA_CACHE", os.fspath(tmp_path / "cache"))
+    url = s3_server.bucket() + "/text"
+    options = {"format": "hdf5", "shard_size": TEXT_SHARD_BYTES, "workers": 1, "progress": False,
+               "storage_options": s3_server.storage_options}
+    convert_text(text_corpus / "train", url, **options)
+    assert convert_text(text_corpus / "train", url, resume=True, **options).finished
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    s3_server.client().delete_object(Bucket=bucket, Key=f"{prefix}/shard-00001.h5")
+    report = convert_text(text_corpus / "train", url, resume=True, **options)
+    assert report.redone == [("shard-00001.h5", "missing")] and report.redone_whole and not report.finished
+    assert convert_text(text_corpus / "train", url, resume=True, **options).finished
