@@ -15,14 +15,26 @@ holds only what those imports allocated, as a training script's does when
 it reaches its loop. The request is unpickled in the row's process, so the
 zygote never imports a row's module or allocates for it.
 
-Only the standard library is imported at module level (see NOTE [light main] in sections/images.py).
+NOTE [fresh processes end]: leaving the ``with`` block by an exception
+(Ctrl-C, a failed section) while a row ran waited 10 s for the zygote,
+which waits for its row, then terminated the zygote alone: the row, a
+grandchild, lived on as an orphan until it finished (tests/benchmarks/
+test_fresh_ends.py). Each row and the zygote now die with their parent
+(PR_SET_PDEATHSIG), and the zygote is ended at once when the block is left
+by an exception, within a bound (terminate, then kill) otherwise.
+
+Only the standard library and fastdata._processes are imported at module
+level (see NOTE [light main] in sections/images.py).
 """
 
 import importlib
 import multiprocessing
+import os
 import pickle
 import sys
 import traceback
+
+from fastdata._processes import die_with_parent, end_processes
 
 # Imported once in the zygote, so each row's process starts with them loaded.
 PRELOAD = (
@@ -59,10 +71,15 @@ class FreshProcesses:
             return self
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
-        args = (child_conn, self.preload, multiprocessing.get_start_method())
+        args = (child_conn, self.preload, multiprocessing.get_start_method(), os.getpid())
         self._process = context.Process(target=_zygote, args=args, name="benchmark-zygote")
-        self._process.start()
-        child_conn.close()
+        try:
+            self._process.start()
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+        finally:
+            child_conn.close()
         return self
 
     def run(self, fn, *args):
@@ -99,16 +116,16 @@ class FreshProcesses:
         median["process_rates"] = [row["samples_per_s"] for row in rows]
         return median
 
-    def __exit__(self, *exc_info):
-        if self._conn is not None:
+    def __exit__(self, exc_type, *exc_info):
+        if self._conn is not None:  # see NOTE [fresh processes end]
             try:
                 self._conn.send_bytes(b"")
             except OSError:
                 pass
             self._conn.close()
-            self._process.join(10)
-            if self._process.is_alive():
-                self._process.terminate()
+            if exc_type is None:  # idle: it ends on the empty request
+                self._process.join(10)
+            end_processes([self._process])  # its row dies with it
             self._conn, self._process = None, None
         return False
 
@@ -134,7 +151,7 @@ def run_isolated(fn, *args):
 def _reply_of(context, start_method, request):
     """Run ``request`` in a new process of ``context``; return its pickled ``(ok, value)``."""
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_row, args=(sender, start_method, request), name="benchmark-row")
+    process = context.Process(target=_row, args=(sender, start_method, request, os.getpid()), name="benchmark-row")
     process.start()
     sender.close()
     try:
@@ -142,12 +159,17 @@ def _reply_of(context, start_method, request):
     except EOFError:
         process.join()
         reply = pickle.dumps((False, f"the measuring process died with exit code {process.exitcode}"))
-    receiver.close()
+    except BaseException:  # Ctrl-C, or a signal's exception, while it ran: see NOTE [fresh processes end]
+        end_processes([process])
+        raise
+    finally:
+        receiver.close()
     process.join()
     return reply
 
 
-def _zygote(conn, preload, start_method):
+def _zygote(conn, preload, start_method, parent):
+    die_with_parent(parent)  # see NOTE [fresh processes end]
     for name in preload:
         importlib.import_module(name)
     context = multiprocessing.get_context("fork")
@@ -161,7 +183,8 @@ def _zygote(conn, preload, start_method):
         conn.send_bytes(_reply_of(context, start_method, request))
 
 
-def _row(sender, start_method, request):
+def _row(sender, start_method, request, parent):
+    die_with_parent(parent)  # see NOTE [fresh processes end]
     multiprocessing.set_start_method(start_method, force=True)  # DataLoader workers start as in a script
     try:
         fn, args = pickle.loads(request)

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -44,6 +45,29 @@ def restore_sigterm():
     handler = signal.getsignal(signal.SIGTERM)
     yield
     signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.fixture
+def fork_hook(monkeypatch):
+    """Run ``hook.in_child()`` first thing in every process os.fork starts during the test; pids in ``hook.pids``.
+
+    Processes multiprocessing forks (pools, executors, DataLoader workers)
+    come from os.fork. ``in_child`` is None (nothing runs) until the test
+    sets it, e.g. to ``support.sigterm_after(delay)``.
+    """
+    hook = SimpleNamespace(in_child=None, pids=[])
+    fork = os.fork
+
+    def hooked_fork():
+        pid = fork()
+        if pid == 0 and hook.in_child is not None:
+            hook.in_child()
+        elif pid:
+            hook.pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", hooked_fork)
+    return hook
 
 
 @pytest.fixture(scope="session")

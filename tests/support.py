@@ -303,3 +303,79 @@ def wait_for(condition, what, seconds=120):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.002)
     return value
+
+
+def sigterm_after(delay):
+    """Return a fork hook (the fork_hook fixture) sending SIGTERM to the new process ``delay`` s after its fork.
+
+    The process signals itself (0: at once, before the code that forked it
+    goes on), so any moment of its start is hit: before, during or after its
+    initializer, however late the OS first runs it. A DataLoader worker
+    killed by a SIGTERM that is not its parent's dies by the signal, which
+    torch reports at once (its parent's makes it exit 0, noticed 5 s later).
+    """
+    import signal
+    import threading
+
+    def hook():
+        if delay == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.daemon = True
+        timer.start()
+
+    return hook
+
+
+def returning_sigterm_handler():
+    """Give this process a SIGTERM handler that returns, as a test runner's or a training script's may.
+
+    Forked children inherit it (NOTE [forked SIGTERM] in fastdata/_processes.py); the autouse
+    restore_sigterm fixture puts the previous handler back.
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+
+def still_running(pids, seconds):
+    """Return those of ``pids`` still running after waiting up to ``seconds`` for them to end.
+
+    A zombie (ended, not yet reaped by its parent) counts as ended; nothing
+    is reaped here, so multiprocessing still sees each exit code.
+    """
+    import time
+
+    import psutil
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + seconds
+    while (left := [pid for pid in pids if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return left
+
+
+def descendants():
+    """Return the pids of this process's running descendants.
+
+    Zombies are left out, and so are multiprocessing's own helpers (its
+    resource tracker and forkserver), which live as long as this process.
+    """
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            helper = child.ppid() == os.getpid() and any(
+                name in " ".join(child.cmdline()) for name in ("resource_tracker", "forkserver"))
+            if not helper and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found

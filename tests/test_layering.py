@@ -25,6 +25,7 @@ FORBIDDEN = {
     "fastdata.loading": ("fastdata.converters", "fastdata.measure"),
     "fastdata.errors": ("torch", "numpy", "fastdata.formats"),
     "fastdata._cpu": ("torch", "numpy"),
+    "fastdata._processes": ("torch", "numpy"),
     "fastdata._optional": ("torch",),
 }
 

@@ -1,6 +1,5 @@
 """Worker processes for the converters: an ordered map, and tasks run on a pool, an executor or Dask."""
 
-import ctypes
 import multiprocessing
 import os
 import select
@@ -15,6 +14,7 @@ from tqdm.auto import tqdm
 
 from fastdata._cpu import usable_cpus
 from fastdata._optional import require
+from fastdata._processes import die_with_parent, end_on_sigterm, held_signals
 from fastdata.converters.staging import SignalWatch
 from fastdata.errors import FastdataError, OptionError
 
@@ -31,6 +31,7 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
     # Start worker processes before the progress bar starts its thread.
     pool = None if workers == 1 or len(items) < 2 else start_pool(workers)
     bar = ProgressBar(total=len(items), unit=unit, desc=desc, disable=None if progress else True, dynamic_ncols=True)
+    finished = False
     try:
         with bar:
             if pool is None:
@@ -41,9 +42,12 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
             for chunk in _pooled_chunks(pool, fn, items, workers):
                 yield from chunk
                 bar.update(len(chunk))
+        finished = True
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None and finished:
+            pool.shutdown(wait=True)
+        elif pool is not None:  # left early (an error, a signal, the caller stopped): no wait for running chunks
+            stop_pool(pool)
 
 
 def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, unit="img"):
@@ -91,8 +95,10 @@ def _run_here(fn, tasks, sizes, bar):
 
 
 def _run_on(executor, fn, tasks, sizes, bar):
-    futures = {executor.submit(fn, task): size for task, size in zip(tasks, sizes)}
+    futures = {}
     try:
+        for task, size in zip(tasks, sizes):  # a pool whose worker died as it started refuses a submit
+            futures[executor.submit(fn, task)] = size
         return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
     except BrokenProcessPool as exc:
         raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
@@ -139,7 +145,12 @@ def start_pool(workers):
     pool = WorkerPool(workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
                       initargs=(parent, os.getpid()))
     try:
-        pool.submit(int).result()  # fork (or spawn) the workers now
+        with held_signals(method):  # see NOTE [forked SIGTERM] in fastdata/_processes.py
+            pool.submit(int).result()  # fork (or spawn) the workers now
+    except BrokenProcessPool as exc:
+        stop_pool(pool)
+        raise FastdataError("a conversion worker process died as it started (killed, or out of memory); "
+                            "nothing was written. Run again, with fewer --workers if memory is short.") from exc
     except BaseException:  # see NOTE [pool start]
         stop_pool(pool)
         raise
@@ -191,14 +202,14 @@ def _map_chunk(fn, chunk):
 
 
 def _init_worker(parent, owner):
+    end_on_sigterm()  # a SIGTERM ends a worker, whatever its parent's handler (NOTE [forked SIGTERM])
     # Ctrl-C is handled once, in the parent, which stops the pool and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
+    die_with_parent(parent)
     if parent is None:  # a forkserver's child: its parent outlives the owner (NOTE [orphaned workers])
         _die_with_owner(owner)
 
 
-_PR_SET_PDEATHSIG = 1
 _OWNER_POLL_SECONDS = 0.5  # where pidfd_open is missing
 
 
@@ -230,29 +241,6 @@ def _alive(pid):
     except PermissionError:
         return True
     return True
-
-
-def _die_with_parent(parent):
-    """Have the kernel kill this worker when the process that started it exits (Linux).
-
-    NOTE [orphaned workers]: a parent killed with SIGKILL cannot stop its
-    pool, and its workers waited on the task queue forever, holding their
-    memory. With PR_SET_PDEATHSIG the kernel sends SIGKILL to the worker when
-    its parent exits (the converting process, or the forkserver). A parent
-    that died before this call is caught by the check after it: the worker
-    was given to another parent. The forkserver does not exit with the
-    converting process: it waits for its children, and each holds its
-    "alive" pipe; after a kill -9 of a conversion to a URL (whose fsspec
-    thread makes the pool start from a forkserver) both workers and the
-    forkserver lived on, blocked on the dead owner's task queue. A forkserver
-    worker therefore also watches the converting process (_die_with_owner).
-    """
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # no prctl: not Linux
-        pass
-    if parent is not None and os.getppid() != parent:
-        os._exit(1)
 
 
 def _start_method():

@@ -2,6 +2,7 @@
 
 from torch.utils.data import DataLoader
 
+from fastdata._processes import end_processes, held_signals, release_sigterm, start_method
 from fastdata.errors import FormatError
 from fastdata.loading.device import HostBatch
 from fastdata.loading.state import Resumable, Steps
@@ -36,7 +37,8 @@ class WorkerLoader(Resumable):
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         # with a pipeline, the workers get (epoch, indices) to read a HostBatch (see NOTE [device pipeline])
         steps = sampler if pipeline is None else Steps(sampler)
-        self._loader = DataLoader(dataset, batch_size=None, sampler=steps, collate_fn=_as_is, **loader_options)
+        self._loader = DataLoader(dataset, batch_size=None, sampler=steps, collate_fn=_as_is,
+                                  worker_init_fn=_start_worker, **loader_options)
         for name in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "multiprocessing_context"):
             setattr(self, name, getattr(self._loader, name))
 
@@ -51,27 +53,41 @@ class WorkerLoader(Resumable):
     def __iter__(self):
         self._end_unfinished()
         position = self._begin_epoch()  # see NOTE [loader state]
-        self._unfinished = iterator = iter(self._loader)
-        batches = self._unpacked(iterator)
-        if self.pipeline is not None:
-            batches = self.pipeline.run(batches)
+        iterator = None
         try:
+            with held_signals(start_method(self._loader.multiprocessing_context)):  # NOTE [forked SIGTERM]
+                self._unfinished = iterator = iter(self._loader)  # the workers start here
+            batches = self._unpacked(self._while_current(iterator))
+            if self.pipeline is not None:
+                batches = self.pipeline.run(batches)
             yield from self._counted(batches, position)
             if self._unfinished is not iterator:  # ended by a later iteration: its batches stopped short
                 raise RuntimeError("this iteration of a loader with workers was ended when another iteration of "
                                    "it began: a loader with workers feeds one iteration at a time")
             self._unfinished = None
         finally:  # a break, an exception in the loop, or the iterator dropped
-            if self._unfinished is iterator:
+            if iterator is not None and self._unfinished is iterator:
                 self._end_unfinished()
+
+    def _while_current(self, iterator):
+        """Yield ``iterator``'s batches while it is this loader's iteration (NOTE [abandoned iterations]).
+
+        Once a later iteration has ended it, a batch torch still held belongs to
+        a slot the new workers write: it is neither read nor freed.
+        """
+        while self._unfinished is iterator:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            yield batch
 
     def _end_unfinished(self):
         """Stop the workers of an iteration left before its end and free every slot (NOTE [abandoned iterations])."""
         iterator, self._unfinished = self._unfinished, None
         if iterator is None:
             return
-        if hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        _stop_workers(iterator)
         if self._loader._iterator is iterator:  # persistent workers: the next iteration starts new ones
             self._loader._iterator = None
         if self.dataset.slots is not None:
@@ -158,8 +174,15 @@ def _unpack(batch):
 
 # NOTE [torch internals]: torch has no public way to stop a DataLoader's
 # persistent workers before the loader is garbage collected, nor to list
-# them; the two functions below are the one place fastdata reaches into a
+# them; the functions below are the one place fastdata reaches into a
 # DataLoader's private iterator for that, so a torch change breaks only here.
+#
+# NOTE [bounded stop]: torch's shutdown sends each worker its end, joins it
+# for 5 s, then sends SIGTERM and joins 5 s more, and returns with a worker
+# that outlived both still running: a worker stuck where SIGTERM could not
+# reach it was alive after close() (10.1 s) and lived on for as long as it
+# was stuck (tests/loading/test_worker_ends.py). So what torch leaves alive
+# is killed (end_processes): close() ended that worker in 10.4 s.
 
 
 def close_workers(loader: "DataLoader | WorkerLoader") -> None:
@@ -168,9 +191,21 @@ def close_workers(loader: "DataLoader | WorkerLoader") -> None:
         loader.close()
         return
     iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
+    if iterator is not None:
+        _stop_workers(iterator)
         loader._iterator = None
+
+
+def _stop_workers(iterator):
+    """Stop a DataLoader iterator's workers: torch's shutdown, then kill any it left alive (NOTE [bounded stop])."""
+    if hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()  # its SIGTERM had its 5 s: no second grace
+        end_processes(getattr(iterator, "_workers", []), timeout=0)
+
+
+def _start_worker(worker_id):
+    """A worker's first step of its own: let through a SIGTERM held since its fork (torch's handler ends it now)."""
+    release_sigterm()
 
 
 def worker_pids(loader: "DataLoader | WorkerLoader") -> list[int]:

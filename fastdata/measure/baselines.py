@@ -75,7 +75,7 @@ class RawFolderListDataset(RawFolderDataset):
 
 
 def plain_pool(workers):
-    """Return a ``multiprocessing.Pool`` of ``workers`` that SIGTERM ends (NOTE [forked SIGTERM] in limits.py)."""
+    """Return a ``multiprocessing.Pool`` of ``workers`` that SIGTERM ends (NOTE [forked SIGTERM] in _processes.py)."""
     return ending_pool(workers)
 
 

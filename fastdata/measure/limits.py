@@ -11,11 +11,12 @@ writes straight into ``out``.
 """
 
 import multiprocessing
-import signal
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
+
+from fastdata._processes import end_on_sigterm, held_signals
 
 _HELD = None  # (data, offsets) of the stored JPEGs in a decode-pool process
 
@@ -142,31 +143,28 @@ class DecodeEpochs:
 def ending_pool(workers, initializer=None, initargs=()):
     """Return a ``multiprocessing.Pool`` (forked where possible) whose workers SIGTERM always ends.
 
-    NOTE [forked SIGTERM]: a forked worker inherits its parent's Python
-    SIGTERM handler, and one that returns (a test runner's, a library's) left
-    a worker waiting for tasks alive through Pool.terminate, whose join then
-    hung CI runs for 7-10 minutes (1 run in about 20). Resetting the handler
-    in the initializer was not enough: on a loaded machine a worker the OS had
-    not yet run took the SIGTERM before its initializer, into the inherited
-    handler (test_limits, 2026-11-26). So SIGTERM is blocked in the thread
-    that forks the workers (the Pool's own threads, made there, inherit the
-    mask, so workers it starts again do too), and each worker sets the
-    default action before it unblocks it: a SIGTERM that came early is
-    pending until then, and ends it.
+    SIGTERM is held while the workers fork and each worker sets its default
+    action before it lets one through (NOTE [forked SIGTERM] in
+    fastdata/_processes.py); a SIGTERM to this process meanwhile lands once
+    the pool exists, and a pool made by then is ended, not lost.
     """
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    pool = None
     try:
-        return context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        with held_signals(context.get_start_method()):
+            pool = context.Pool(workers, initializer=_start_worker, initargs=(initializer, initargs))
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        raise
+    return pool
 
 
 def _start_worker(initializer, initargs):
     """A pool worker's start: SIGTERM ends it from now on (NOTE [forked SIGTERM]); then ``initializer``."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    end_on_sigterm()
     if initializer is not None:
         initializer(*initargs)
 

@@ -1,0 +1,71 @@
+"""The converters' worker pool ends when asked, at any moment of its start (NOTE [forked SIGTERM], [pool start])."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from support import descendants, returning_sigterm_handler, sigterm_after, still_running
+
+from fastdata.converters.parallel import ordered_map, run_tasks
+from fastdata.errors import FastdataError
+
+DELAYS = [0.0, 0.0005, 0.002, 0.01, 0.05, 0.2]  # before, during and after each worker's initializer
+
+
+def run_slow_tasks(seconds):
+    """Run 4 tasks of ``seconds`` each on 2 worker processes through run_tasks."""
+    return run_tasks(time.sleep, [seconds] * 4, [1] * 4, workers=2, progress=False)
+
+
+def map_slowly(seconds):
+    """Map 4 items of ``seconds`` each on 2 worker processes through ordered_map."""
+    return list(ordered_map(time.sleep, [seconds] * 4, workers=2, progress=False))
+
+
+RUNS = [pytest.param(run_slow_tasks, id="run_tasks"), pytest.param(map_slowly, id="ordered_map")]
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("delay", DELAYS)
+def test_workers_sent_sigterm_at_any_moment_of_their_start_end_under_a_returning_handler(fork_hook, run, delay):
+    returning_sigterm_handler()  # what each forked worker inherits
+    before = set(descendants())
+    fork_hook.in_child = sigterm_after(delay)
+    started = time.monotonic()
+    with pytest.raises(FastdataError, match="worker process died"):
+        run(1.0)  # 2 s of tasks: every SIGTERM lands before they are done
+    assert time.monotonic() - started < 10
+    assert len(fork_hook.pids) == 2
+    assert still_running(fork_hook.pids, 10) == [], f"a worker outlived a SIGTERM {delay} s after its fork"
+    assert set(descendants()) <= before
+
+
+class Stop(Exception):
+    """What the test's SIGTERM handler raises (the CLI's raises SystemExit)."""
+
+
+def raise_stop(signum, frame):
+    raise Stop
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("delay", [0.0, 0.001, 0.005, 0.02, 0.1, 0.3])
+def test_a_run_asked_to_stop_as_its_pool_starts_ends_at_once_with_no_worker_left(run, delay):
+    signal.signal(signal.SIGTERM, raise_stop)  # as the CLI's main() does (sys.exit)
+    before = set(descendants())
+    # From another process, told when to start: a thread here would make the pool start from a
+    # forkserver (NOTE [worker start]).
+    script = f"read go; {f'sleep {delay}; ' if delay else ''}kill -TERM {os.getpid()}"
+    sender = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.PIPE)
+    started = time.monotonic()
+    try:
+        with pytest.raises(Stop):
+            sender.stdin.write(b"go\n")
+            sender.stdin.close()
+            run(30.0)  # tasks far longer than the bound: the stop must not wait for them
+    finally:
+        sender.wait(10)
+    assert time.monotonic() - started < 10
+    assert still_running(set(descendants()) - before, 10) == []
