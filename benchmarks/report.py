@@ -191,7 +191,7 @@ def images_text(section, config):
                   f"process; rows other than the raw folder: the median of {section['process_repeats']} fresh "
                   "processes (see NOTE [process to process] in fresh.py). LIMIT: the faster direct copy from the "
                   "memory map. Worker memory: mean over worker processes at the end, USS (private dirty).", "",
-                  result["tables"]["jpeg_pairs"], "",
+                  result["tables"]["jpeg_pairs"], "", result["tables"].get("abandoned", ""), "",
                   f"### Conversion of the {count} JPEGs to {size}x{size}", "", result["tables"]["conversion"], ""]
     return "\n".join(parts).rstrip()
 

@@ -16,7 +16,10 @@ Run through benchmarks/run.py (``--only images``), at each output size of
    each worker process at the end;
 3. times make_loader on the jpeg files and the decode limits in turn in one
    process (NOTE [interleaved rates] in fastdata/measure/engine.py): the
-   JPEG targets.
+   JPEG targets;
+4. times full epochs of a make_loader with workers after 100 iterations
+   each left after 2 batches, in turn with a fresh one's in one process
+   (NOTE [abandoned iterations] in fastdata/loading/workers.py).
 """
 
 import os
@@ -31,13 +34,16 @@ from benchmarks import inputs
 from benchmarks.rows import measure_row, worker_mb
 from fastdata import convert_imagefolder
 from fastdata._cpu import usable_cpus
-from fastdata.measure.engine import consume, interleaved_rates
+from fastdata.measure.engine import check_count, consume, interleaved_rates
 from fastdata.measure.tables import Row, markdown_table
 
 RAW_VS_LIMIT = 0.5  # targets
 RAW_VS_FOLDER = 300.0
 JPEG_VS_DECODE = 0.9
 CONVERT_VS_POOL = 1.5
+ABANDONED_VS_FRESH = 0.9
+ABANDONED_ITERATIONS = 100  # iterations left early before the full epochs, each after ABANDON_AFTER batches
+ABANDON_AFTER = 2
 PAIRED_ROUNDS = 7  # rounds of interleaved passes behind the JPEG targets (--quick 2)
 SLOW_KINDS = ("folder",)  # rows of a few hundred samples/s: one process is enough (and costs 10-20 s)
 
@@ -76,12 +82,13 @@ def run_size(config, size, runner):
              **{key: config[key] for key in ("batch_size", "workers", "repeats", "seed")}}
     loading = [runner(measure_row, row, setup) for row in rows(config["workers"])]
     jpeg_pairs = runner(measure_jpeg_pairs, setup)
-    targets = summarize(loading, conversions, jpeg_pairs)
+    abandoned = runner(measure_abandoned, setup)
+    targets = summarize(loading, conversions, jpeg_pairs, abandoned)
     tables = {"loading": loading_table(loading), "conversion": conversion_table(conversions, len(paths)),
-              "jpeg_pairs": jpeg_pairs_text(jpeg_pairs)}
+              "jpeg_pairs": jpeg_pairs_text(jpeg_pairs), "abandoned": abandoned_text(abandoned)}
     return {"benchmark": "images", "config": settings, "source": source, "files": files, "conversion": conversions,
-            "loading": loading, "jpeg_pairs": jpeg_pairs, "targets": targets, "tables": tables,
-            "run_seconds": time.perf_counter() - started}
+            "loading": loading, "jpeg_pairs": jpeg_pairs, "abandoned": abandoned, "targets": targets,
+            "tables": tables, "run_seconds": time.perf_counter() - started}
 
 
 # ---------------------------------------------------------------- conversion
@@ -223,6 +230,56 @@ def measure_jpeg_pairs(setup):
     return {"rounds": setup["paired_rounds"], "rates": rates, "ratios": ratios, "ratio": medians}
 
 
+def measure_abandoned(setup):
+    """Time full epochs of a make_loader with workers after iterations left early, in turn with a fresh loader's.
+
+    Two loaders over the converted HDF5 raw file, ``setup["workers"]``
+    persistent workers each: one is iterated ABANDONED_ITERATIONS times,
+    each loop left after ABANDON_AFTER batches (NOTE [abandoned iterations]
+    in fastdata/loading/workers.py), then the first full epoch of each is
+    timed (the worker start included, for both) and their epochs in turn
+    (see NOTE [interleaved rates]). The batch is at most a quarter of the
+    file, so that a loop has batches left to abandon.
+
+    Returns ``{"rates": {"fresh", "after"} -> per-round samples/s, "ratios"
+    per round, "ratio": median, "first_epoch": samples/s of each, ...}``.
+    """
+    from fastdata import make_loader, open_dataset
+
+    count = setup["num_samples"]
+    batch = min(setup["batch_size"], max(1, count // (2 * ABANDON_AFTER)))
+    print(f"  make_loader after {ABANDONED_ITERATIONS} iterations left after {ABANDON_AFTER} batches, and a fresh "
+          "one, in turn ...", end="", flush=True)
+    loaders = {name: make_loader(open_dataset(setup["files"]["hdf5-raw"]), batch, shuffle=True,
+                                 num_workers=setup["workers"]) for name in ("fresh", "after")}
+    try:
+        started = time.perf_counter()
+        for _ in range(ABANDONED_ITERATIONS):
+            for step, _batch in enumerate(loaders["after"], 1):
+                if step == ABANDON_AFTER:
+                    break
+        abandoning = (time.perf_counter() - started) / ABANDONED_ITERATIONS
+        first = {name: _epoch_rate(loader, count) for name, loader in loaders.items()}
+        runs = {name: partial(consume, loader) for name, loader in loaders.items()}
+        rates = interleaved_rates(runs, setup["paired_rounds"], setup["min_seconds"])
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    ratios = [after / fresh for after, fresh in zip(rates["after"], rates["fresh"])]
+    ratio = statistics.median(ratios)
+    print(f" {ratio:.3f}x", flush=True)
+    return {"iterations": ABANDONED_ITERATIONS, "left_after": ABANDON_AFTER, "batch_size": batch,
+            "num_workers": setup["workers"], "seconds_per_left_iteration": abandoning, "first_epoch": first,
+            "rounds": setup["paired_rounds"], "rates": rates, "ratios": ratios, "ratio": ratio}
+
+
+def _epoch_rate(loader, expected):
+    """Time one epoch of ``loader``; return its samples/s (the epoch must cover ``expected`` samples)."""
+    began = time.perf_counter()
+    check_count(consume(loader), expected)
+    return expected / (time.perf_counter() - began)
+
+
 @contextmanager
 def _folder_epochs(setup, num_workers, as_list=False):
     from torch.utils.data import DataLoader
@@ -281,7 +338,7 @@ def _decode_epochs(setup, processes):
 # ---------------------------------------------------------------- report
 
 
-def summarize(rows, conversions, jpeg_pairs):
+def summarize(rows, conversions, jpeg_pairs, abandoned):
     """Add fractions and ratios to ``rows``; return the target checks.
 
     The JPEG targets use the interleaved measurement (see NOTE [interleaved
@@ -306,7 +363,19 @@ def summarize(rows, conversions, jpeg_pairs):
     for fmt, storage, _ in inputs.IMAGE_FILES:
         ratio = conversions[f"{fmt}-{storage}"]["ratio_vs_pool"]
         targets.append(_target(f"{fmt} {storage} conversion vs plain Pool decode+resize", ratio, CONVERT_VS_POOL))
+    targets.append(summarize_abandoned(abandoned))
     return targets
+
+
+def summarize_abandoned(abandoned):
+    """Return the target of measure_abandoned's result: epochs after iterations left early vs a fresh loader's."""
+    name = (f"hdf5 raw, {abandoned['num_workers']} workers: full epochs after {abandoned['iterations']} iterations "
+            f"left after {abandoned['left_after']} batches vs a fresh loader, interleaved")
+    after, fresh = (statistics.median(abandoned["rates"][key]) for key in ("after", "fresh"))
+    first = abandoned["first_epoch"]
+    return {**_target(name, abandoned["ratio"], ABANDONED_VS_FRESH),
+            "info": f"{after:,.0f} vs {fresh:,.0f} samples/s; first epoch {first['after']:,.0f} vs "
+                    f"{first['fresh']:,.0f}"}
 
 
 def _target(name, value, threshold):
@@ -332,6 +401,20 @@ def jpeg_pairs_text(pairs):
     return (f"JPEG targets: make_loader (defaults) and the two decode loops timed in turn in one process, "
             f"{pairs['rounds']} rounds (see NOTE [interleaved rates] in fastdata/measure/engine.py). Median "
             f"samples/s: {rates}. Ratio to the faster decode loop, per round: {ratios}.")
+
+
+def abandoned_text(abandoned):
+    """One paragraph on the epochs after iterations left early, behind their target."""
+    rates = ", ".join(f"{name} {statistics.median(values):,.0f}" for name, values in abandoned["rates"].items())
+    first = ", ".join(f"{name} {rate:,.0f}" for name, rate in abandoned["first_epoch"].items())
+    return (f"Iterations left early: make_loader (HDF5 raw, batch {abandoned['batch_size']}, "
+            f"{abandoned['num_workers']} persistent workers) iterated {abandoned['iterations']} times, each loop left "
+            f"after {abandoned['left_after']} batches ({abandoned['seconds_per_left_iteration'] * 1e3:,.0f} ms each: "
+            f"its workers stopped, new ones started), then full epochs, timed in turn with a fresh loader's, "
+            f"{abandoned['rounds']} rounds (NOTE [abandoned iterations] in fastdata/loading/workers.py). Median "
+            f"samples/s: {rates}; per-round ratio after / fresh: "
+            + " ".join(f"{ratio:.2f}" for ratio in abandoned["ratios"])
+            + f". First full epoch, worker start included: {first}.")
 
 
 def conversion_table(conversions, count):

@@ -139,6 +139,7 @@ def test_benchmark_suite_quick_run(tmp_path):
     assert all(row["samples_per_s"] > 0 for row in images)
     assert all(isinstance(t["pass"], bool) for result in sections["images"]["sizes"].values()
                for t in result["targets"])
+    assert all(result["abandoned"]["ratio"] > 0 for result in sections["images"]["sizes"].values())
     assert "| method" in finished.stdout and "## Targets" in finished.stdout
     markdown = (out / "results.md").read_text()
     assert "## Targets" in markdown and "| result" in markdown and "## Sweeps" in markdown
