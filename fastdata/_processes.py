@@ -30,8 +30,12 @@ KeyboardInterrupt) could run between a worker's fork and the record of it
 worker, recorded nowhere, was left running after the pool was stopped (3
 of 48 stops while a pool started). So in the main thread those handlers
 only note a signal while processes start; it is raised again after. Other
-start methods begin from a fresh interpreter or the forkserver's defaults:
-nothing is held for them.
+start methods begin from a fresh interpreter or the forkserver's defaults,
+so SIGTERM is not blocked for them, but their handlers are deferred too: a
+converter pool started from a forkserver (a process with other threads)
+and stopped by the CLI's SIGTERM handler mid-start raised "RuntimeError:
+cannot join thread before it is started" from the executor's half-made
+manager thread (1 in 113 hostile stops; a CI run of 2026-11-26).
 """
 
 import ctypes
@@ -52,20 +56,18 @@ _PR_SET_PDEATHSIG = 1
 def held_signals(method="fork"):
     """Start processes by ``method`` in this block with SIGTERM held (see NOTE [forked SIGTERM]).
 
-    With "fork": SIGTERM is blocked in this thread, and in the main thread
-    the Python handlers of SIGINT and SIGTERM only note a signal; once the
-    block ends, the handlers are back and a signal that came meanwhile is
-    raised again, so it lands after every process started here is recorded.
-    The workers must call ``end_on_sigterm`` or ``release_sigterm`` first
-    thing. Other start methods hold nothing.
+    In the main thread the Python handlers of SIGINT and SIGTERM only note
+    a signal; once the block ends, the handlers are back and a signal that
+    came meanwhile is raised again, so it lands after every process started
+    here is recorded. With "fork", SIGTERM is also blocked in this thread,
+    and the workers must call ``end_on_sigterm`` or ``release_sigterm``
+    first thing.
     """
-    if method != "fork":
-        yield
-        return
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # this thread's mask, as it is
     caught, handlers = [], {}
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if method == "fork":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if threading.current_thread() is threading.main_thread():  # Python handlers run only there
             for signum in _DEFERRED:
                 handler = signal.getsignal(signum)
