@@ -206,6 +206,18 @@ def overwrite(path, offset, data):
         f.write(data)
 
 
+def truncate_elsewhere(path, size):
+    """Truncate the file to ``size`` bytes from another process, as another program would.
+
+    In a process that reads it, truncate(2) of a leased file is interrupted (NOTE [read leases]).
+    """
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import os, sys; os.truncate(sys.argv[1], int(sys.argv[2]))",
+                    os.fspath(path), str(size)], check=True, timeout=60)
+
+
 def rewrite_index(root, change):
     """Rewrite ``root/index.json`` as ``change(index)`` leaves the parsed JSON object (in place)."""
     import json

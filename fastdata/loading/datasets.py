@@ -18,9 +18,9 @@ dataset keeps the file's ``(size, mtime_ns, inode)`` from when it was made
 it with one ``os.stat`` before every read, and before a process maps the
 file: a file replaced, rewritten or truncated since raises FormatError
 naming it instead of returning other data, a bare IndexError, or a SIGBUS
-from touching a mapped page past the new end of the file. A file truncated
-between that stat and the copy can still fault; the stat makes the window
-one batch wide. Measured on 2 shared cores (best of 30 x 10,000 calls): one
+from touching a mapped page past the new end of the file. The stat makes
+the window of a file truncated after it one batch wide; a read lease
+closes that window (NOTE [read leases] in leases.py). Measured on 2 shared cores (best of 30 x 10,000 calls): one
 check costs 2.8 us (os.stat 2.3 us), against 60-120 us for a read_batch of
 64-256 raw 32x32 or 64x64 images (2-5%) and milliseconds for JPEG batches;
 an item read alone takes ~10 us, so ds[i] pays ~25%, while DataLoader reads
@@ -191,14 +191,19 @@ class PackedDataset(Dataset):
     def __getitem__(self, index):
         """Return ``(sample, label int)`` read on its own."""
         index = self._check_index(index)
-        columns, row, path, release = self._store.locate(index)
+        self._store.enter()  # see NOTE [read leases] in leases.py
         try:
-            sample = self._open().item(columns, row, path)
+            columns, row, path, release = self._store.locate(index)
+            try:
+                sample = self._open().item(columns, row, path)
+                label = int(columns.labels[row])
+            finally:
+                release()
         finally:
-            release()
+            self._store.leave()
         if self.transform is not None:
             sample = self.transform(sample)
-        return sample, int(columns.labels[row])
+        return sample, label
 
     def __getitems__(self, indices):
         """Return a list of ``(sample, label)`` items, read as one sorted batch."""
@@ -244,12 +249,18 @@ class PackedDataset(Dataset):
         return functools.partial(self._finish, *self._start(indices, pin_memory, options))
 
     def _start(self, indices, pin_memory, options):
-        parts = self._store.parts(indices)
+        self._store.enter()  # until _finish: a writer of the files waits (NOTE [read leases] in leases.py)
+        try:
+            parts = self._store.parts(indices)
+        except BaseException:
+            self._store.leave()
+            raise
         try:
             finish_samples = self._open().start_parts(parts, pin_memory, **options)
             labels = parts.labels()  # read before the release (NOTE [steady batches] in shards.py)
         except BaseException:
             parts.release()
+            self._store.leave()
             raise
         return parts, finish_samples, labels
 
@@ -258,6 +269,7 @@ class PackedDataset(Dataset):
             samples = finish_samples()
         finally:
             parts.release()  # see NOTE [stitched rows] in stitch.py
+            self._store.leave()
         if self.transform is not None:
             samples = (torch.stack([self.transform(sample) for sample in samples[0]]), *samples[1:])
         return (*samples, torch.from_numpy(labels))

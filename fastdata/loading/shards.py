@@ -5,7 +5,8 @@ kept in a least-recently-used cache of ``max_open_shards`` shards; the
 oldest is closed (its maps dropped) when one more is opened. An open HDF5
 shard holds a map and a file descriptor per column (2 raw, 3 with offsets:
 numpy memmaps keep a descriptor each), an Arrow shard one map and no
-descriptor (counted in /proc/self), so 100,000 open shards would pass the
+descriptor (counted in /proc/self), and each one more descriptor for its
+read lease (NOTE [read leases] in leases.py), so 100,000 open shards would pass the
 usual limit of 1,024 descriptors and Linux's 65,530 maps per process. A
 batch keeps the shards it touches open until it is read, on top of the
 cache. Measured on 2 shared cores (best of 20, 64 px shards of one sample
@@ -14,7 +15,7 @@ each): reopening a shard that was checked before costs 1.1 ms (HDF5 raw),
 5 us to copy 8 rows of 64x64 from an open shard: a cache smaller than the
 shards a shuffled epoch touches makes reading 100x slower. So the default
 bound is as large as the process's descriptor limit allows: an eighth of
-the soft ``RLIMIT_NOFILE`` (at most 3/8 of it held by HDF5 shards, the rest
+the soft ``RLIMIT_NOFILE`` (at most half of it held by HDF5 shards, the rest
 left to DataLoader pipes and shared memory), at least 128 and at most 4,096
 (12,288 maps). At the usual 1,024 that is 128 shards (8 GiB of 64 MiB
 shards); ImageNet-1k as 224 px JPEG (20-60 GB, 300-900 shards) wants a
@@ -69,6 +70,7 @@ from fastdata.formats.shards import (
     shard_mismatch,
 )
 from fastdata.loading.decoders import Parts, label_bases
+from fastdata.loading.leases import Leases
 from fastdata.loading.readahead import advise_column, column_spans, hint_spans
 from fastdata.loading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
 from fastdata.loading.stitch import StitchedRows
@@ -140,6 +142,31 @@ class ShardStore:
             self._fingerprints = {}
             self.cache.attach(self)
         self._lock, self._pid = threading.Lock(), os.getpid()
+        self._leases = Leases(self._paths)  # see NOTE [read leases] in leases.py
+
+    def enter(self):
+        """Begin a read of the open shards' maps (FormatError if a file is being changed); ``leave`` after it."""
+        if self._pid != os.getpid():  # see NOTE [lazy open] in datasets.py
+            self._reset()
+        if broken := self._leases.enter():
+            for shard in broken:
+                if shard in self._fingerprints:
+                    self._check_unchanged(shard)  # names the change, where the writer has made it
+            raise FormatError(
+                f"{', '.join(map(repr, broken.values()))} was opened for writing or truncated by another program "
+                "while this dataset read it; a packed file must not change while it is read. Open it again "
+                "(open_dataset) once it is written, or put the old one back."
+            )
+
+    def leave(self):
+        """End a read begun by ``enter`` (see NOTE [read leases] in leases.py)."""
+        self._leases.leave()
+
+    def unguarded(self):
+        """Return why this process holds no read leases on the files (NOTE [read leases]), or None."""
+        if self._pid != os.getpid():
+            self._reset()
+        return self._leases.unguarded
 
     def parts(self, indices):
         """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard."""
@@ -317,6 +344,7 @@ class ShardStore:
         self._held.discard(shard)
         if self._stitch is not None:
             self._stitch.retire(shard, columns)
+        self._leases.drop(shard)
         if self.cache is not None:
             self._fingerprints.pop(shard, None)
             del self._local[shard]
@@ -335,25 +363,36 @@ class ShardStore:
         """Open ``shard``: checked in full the first time, compared with its fingerprint after that."""
         if self.cache is not None:
             return self._open_cached(shard)
-        if shard in self._fingerprints:
-            self._check_unchanged(shard)
-            return _plain(self._read(self._paths[shard], check=False)[0])
-        return self._checked(shard, self._paths[shard])
+        self._leases.take(shard, self._paths[shard])  # before the checks: a change after them breaks it
+        try:
+            if shard in self._fingerprints:
+                self._check_unchanged(shard)
+                return _plain(self._read(self._paths[shard], check=False)[0])
+            return self._checked(shard, self._paths[shard])
+        except BaseException:
+            self._leases.drop(shard)
+            raise
 
     def read_apart(self, shard):
         """Return the Columns of local ``shard`` read on their own, checked as an open checks them.
 
-        Not one of the open shards, nor placed in the stitched rows: for a reader that keeps them (to_hf).
+        Not one of the open shards, nor placed in the stitched rows: for a reader that keeps them (to_hf), so
+        no lease stays on its file (NOTE [read leases] in leases.py: a lease guards batches, not a kept table).
         """
-        return self._open_shard(shard)
+        columns = self._open_shard(shard)
+        if self._open[shard] is None:
+            self._leases.drop(shard)
+        return columns
 
     def _open_cached(self, shard):
         """Open the local copy of a cached ``shard``, fetched and held first (see NOTE [cached shards])."""
         self._make_room(shard)
         self._local[shard] = self.cache.fetch(shard)  # held, so that no process evicts it
         try:
+            self._leases.take(shard, self._local[shard])
             return self._checked(shard, self._local[shard])
         except BaseException:
+            self._leases.drop(shard)
             del self._local[shard]
             self.cache.release(shard)
             raise
@@ -564,7 +603,7 @@ class ShardStore:
 
     def __getstate__(self):
         state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,
-                 "_pid": None, "_cached": {}, "_local": None, "windows": None}
+                 "_pid": None, "_cached": {}, "_local": None, "windows": None, "_leases": None}
         if self.cache is not None:  # another process's copies may be other files: see NOTE [cached shards]
             state["_fingerprints"] = {}
         return state
