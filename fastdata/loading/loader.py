@@ -68,6 +68,7 @@ def make_loader(
     normalize: bool | tuple = False,
     dtype: torch.dtype | None = None,
     memory_format: torch.memory_format | None = None,
+    threads: int | None = None,
 ) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
@@ -153,6 +154,11 @@ def make_loader(
             hold every value 0..255 (int8, bool, float8) is refused.
         memory_format: with ``device``: e.g. ``torch.channels_last``;
             default: as read (or augmented).
+        threads: images only: the threads each reading process copies or
+            decodes a batch with; default: every usable core in this process
+            (one left to a loop that computes, NOTE [leave a core]), 1 in
+            each worker process. ``num_workers=1, threads=N`` reads in one
+            helper process with N threads, off this process's GIL.
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -182,7 +188,7 @@ def make_loader(
         raise OptionError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
     if not hasattr(dataset, "read_batch"):
         raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
-    options = _read_options(dataset, pad_to)
+    options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)
     if pin_memory is None:
@@ -394,7 +400,7 @@ class BatchLoader(Resumable):
         return self.pipeline.reader.read(self.dataset, indices, epoch, self.pin_memory, self._options())
 
     def _options(self):
-        if self._takes_threads and self._body.keeps_a_core_busy():
+        if self._takes_threads and "threads" not in self.options and self._body.keeps_a_core_busy():
             # NOTE [leave a core]: decoding on every core starves a training
             # loop that computes on the CPU (of CPU and of the GIL); keep one
             # core for it. A loop that mostly waits (for the GPU) leaves its
@@ -485,15 +491,19 @@ def _pipelines_reads(dataset, batch_size):
             and (batch_size is None or dataset.max_batch_bytes(batch_size) >= rowcopy.PARALLEL_BYTES))
 
 
-def _read_options(dataset, pad_to):
+def _read_options(dataset, pad_to, threads):
     """Return the keyword options ``read_batch`` gets; check them against the dataset."""
-    if pad_to is None:
-        return {}
-    if not isinstance(pad_to, int) or isinstance(pad_to, bool) or pad_to < 1:
-        raise OptionError(f"pad_to should be a positive integer or None, got pad_to={pad_to!r}")
-    if "pad_to" not in _option_names(dataset):
-        raise OptionError(f"pad_to applies to text datasets, got a {getattr(dataset, 'kind', None)!r} dataset")
-    return {"pad_to": pad_to}
+    options = {}
+    for name, value, applies in (("pad_to", pad_to, "text"), ("threads", threads, "image")):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise OptionError(f"{name} should be a positive integer or None, got {name}={value!r}")
+        if name not in _option_names(dataset):
+            raise OptionError(f"{name} applies to {applies} datasets, got a {getattr(dataset, 'kind', None)!r} "
+                              "dataset")
+        options[name] = value
+    return options
 
 
 def _option_names(dataset):

@@ -494,9 +494,37 @@ def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monke
     assert later_epochs and set(later_epochs) == ({3} if leaves_a_core else {None})
 
 
+def test_threads_given_are_what_every_batch_is_read_with(packed_files, monkeypatch):
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
+    loader = make_loader(dataset, 2, threads=2)
+    for _ in range(3):
+        for _ in loader:
+            spin(STEP)  # a loop that computes: not overridden by NOTE [leave a core]
+    assert set(dataset.threads) == {2}
+
+
+def test_one_worker_with_threads_is_a_helper_process_that_decodes_on_them(packed_files):
+    dataset = open_dataset(packed_files("arrow", "jpeg"))
+    expected = list(make_loader(dataset, 8, shuffle=True, seed=4))
+    tasks = {}
+    for threads in (1, 3):
+        loader = make_loader(dataset, 8, shuffle=True, seed=4, num_workers=1, threads=threads,
+                             multiprocessing_context="fork")
+        batches = list(loader)
+        assert len(batches) == len(expected) and all(
+            torch.equal(a, b) for got, want in zip(batches, expected) for a, b in zip(got, want))
+        (pid,) = worker_pids(loader)
+        tasks[threads] = len(os.listdir(f"/proc/{pid}/task"))  # the decoding threads live in the worker
+        loader.close()
+    assert tasks[3] >= tasks[1] + 2
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
+        ({"threads": 0}, ValueError, "threads should be a positive integer or None, got threads=0"),
+        ({"threads": True}, ValueError, "threads should be a positive integer"),
         ({"batch_size": 0}, ValueError, "batch_size should be a positive integer"),
         ({"batch_size": 2.5}, ValueError, "batch_size"),
         ({"num_workers": -1}, ValueError, "num_workers should be a non-negative integer"),
@@ -506,6 +534,11 @@ def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monke
 def test_make_loader_rejects_bad_options(small, kwargs, error, match):
     with pytest.raises(error, match=match):
         make_loader(small, **kwargs)
+
+
+def test_threads_are_for_images(packed_text):
+    with pytest.raises(ValueError, match="threads applies to image datasets, got a 'text' dataset"):
+        make_loader(open_dataset(packed_text("hdf5")), 4, threads=2)
 
 
 def test_make_loader_needs_a_fastdata_dataset():
