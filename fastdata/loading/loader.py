@@ -32,6 +32,7 @@ from fastdata.errors import OptionError
 from fastdata.loading import rowcopy
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
+from fastdata.loading.helper import HelperProcess
 from fastdata.loading.order import SHUFFLES
 from fastdata.loading.overlap import LoopBody, read_on_thread
 from fastdata.loading.readahead import ReadAhead
@@ -69,6 +70,7 @@ def make_loader(
     dtype: torch.dtype | None = None,
     memory_format: torch.memory_format | None = None,
     threads: int | None = None,
+    helper_process: bool = False,
 ) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
@@ -157,8 +159,11 @@ def make_loader(
         threads: images only: the threads each reading process copies or
             decodes a batch with; default: every usable core in this process
             (one left to a loop that computes, NOTE [leave a core]), 1 in
-            each worker process. ``num_workers=1, threads=N`` reads in one
-            helper process with N threads, off this process's GIL.
+            each worker process, all usable cores in a helper process.
+        helper_process: read and decode in one process of its own, with
+            ``threads`` threads, into shared slots this process maps without
+            a copy: off the GIL of a training step that holds it (see NOTE
+            [helper process] in helper.py). Replaces ``num_workers``.
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -188,6 +193,9 @@ def make_loader(
         raise OptionError(f"prefetch_factor should be a non-negative integer, got {prefetch_factor!r}")
     if not hasattr(dataset, "read_batch"):
         raise TypeError(f"dataset should be a fastdata dataset with read_batch(), got {type(dataset).__name__}")
+    if helper_process and num_workers:
+        raise OptionError(f"helper_process=True reads in one process of its own and replaces num_workers; got "
+                          f"num_workers={num_workers!r} too: pass one of them")
     options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)
@@ -200,14 +208,18 @@ def make_loader(
     else:
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
+        helper = None
+        if helper_process:
+            if "threads" in _option_names(dataset):
+                options = {"threads": usable_cpus(), **options}
+            helper = HelperProcess(dataset, options, None if pipeline is None else pipeline.reader,
+                                   slots=max(prefetch_factor, 1) + 3,  # those ahead, the loop's, the one before
+                                   batch_bytes=_batch_bytes(dataset, sampler, options, pipeline) or 0,
+                                   context=multiprocessing_context)
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                           options=options, pipeline=pipeline)
-    largest = _largest_batch(sampler)
-    slots = None
-    if largest is not None:
-        batch_bytes = (dataset.max_batch_bytes(largest, **options) if pipeline is None else
-                       pipeline.reader.max_batch_bytes(dataset, largest, options))
-        slots = SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
+                           options=options, pipeline=pipeline, helper=helper)
+    batch_bytes = _batch_bytes(dataset, sampler, options, pipeline)
+    slots = None if batch_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
     return worker_loader(dataset, sampler, slots, options, pipeline, num_workers=num_workers, pin_memory=pin_memory,
                          prefetch_factor=max(prefetch_factor, 1), persistent_workers=persistent_workers,
                          multiprocessing_context=multiprocessing_context)
@@ -308,6 +320,16 @@ def _check_batch_sampler(sampler, order_options):
     return sampler
 
 
+def _batch_bytes(dataset, sampler, options, pipeline):
+    """Return the most bytes of a batch ``sampler`` asks for, as read (by a pipeline's reader), or None if unknown."""
+    largest = _largest_batch(sampler)
+    if largest is None:
+        return None
+    if pipeline is None:
+        return dataset.max_batch_bytes(largest, **options)
+    return pipeline.reader.max_batch_bytes(dataset, largest, options)
+
+
 def _largest_batch(sampler):
     """Return the most samples a batch of ``sampler`` holds, or None where it cannot be known before iterating."""
     if isinstance(getattr(sampler, "batch_size", None), int):  # fastdata's and torch's batch samplers
@@ -329,8 +351,10 @@ class BatchLoader(Resumable):
 
     batch_sampler = None  # as a DataLoader's whose sampler yields whole batches: trainers look for it
 
-    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None):
+    def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None,
+                 helper=None):
         self.dataset = self.packed_dataset = dataset
+        self.helper = helper  # a HelperProcess that reads every batch, or None: read here
         self.sampler = sampler
         self.pipeline = pipeline  # a DevicePipeline, or None
         self._steps = Steps(sampler)
@@ -345,12 +369,27 @@ class BatchLoader(Resumable):
     def __len__(self):
         return len(self.sampler)
 
+    def close(self):
+        """End the helper process, if any (a later iteration starts a new one); nothing else holds resources."""
+        if self.helper is not None:
+            self.helper.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+        return False
+
     def __iter__(self):
         position = self._begin_epoch()  # see NOTE [loader state] in state.py: taken before the sampler advances
         first, steps = self._take_next_epoch()
-        batches = self._read(steps)
-        if self.prefetch_factor > 0:
-            batches = self._read_ahead(batches, first)
+        if self.helper is not None:  # see NOTE [helper process] in helper.py
+            batches = self.helper.batches(steps, ahead=max(self.prefetch_factor, 1))
+        else:
+            batches = self._read(steps)
+            if self.prefetch_factor > 0:
+                batches = self._read_ahead(batches, first)
         if self.pipeline is not None:
             batches = self.pipeline.run(batches)
         return self._counted(self._body.timed(batches), position)

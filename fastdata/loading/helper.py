@@ -1,0 +1,250 @@
+"""Batches read and decoded in one helper process with its own threads; the training process only maps them.
+
+NOTE [helper process]: a training step that holds the GIL (Python and
+small torch calls launching kernels) and loader threads in the same
+process slow each other: each JPEG image costs a decode thread one GIL
+hand-off, which waits up to the switch interval (5 ms) behind such a step
+(issue 28: 64 px JPEG kept 0.39 of the loop's step rate with fastdata's
+threads). A torch DataLoader worker reads off that GIL, but the batch
+then costs the training thread the DataLoader's machinery and a copy out
+of the worker's slot: 2.7-3.7 ms of its CPU per batch of 256 64 px images
+(num_workers=1 or 2, thread CPU time inside next(), 2 shared cores),
+against 88 us (raw) and 162 us (JPEG) in-process. So this helper reads
+whole batches with ``threads`` threads in a process of its own, into
+shared slots made before it starts, and the training process maps a slot
+as the batch's tensors without copying them: a batch's tensors (and every
+view of them) hold a lease on their slot, and the slot is reused once they
+are all gone. The training thread pays one small message per batch. A
+batch the loop keeps keeps its slot; when every slot is held, the helper
+sends the next batch itself (torch shares its memory by descriptor), so
+kept batches are never overwritten and reading never waits for them.
+
+Order, resume and DDP stay in the training process: it sends each step's
+indices (a few KB) and the helper reads them, ``ahead`` steps ahead, in
+that order. A loop that leaves an epoch early leaves replies in flight;
+they are received and dropped when the next iteration starts (or at
+``close``). The helper ends with its loader (``close``, garbage
+collection, or the interpreter's exit), when the training process dies
+(PR_SET_PDEATHSIG), and on SIGTERM at any moment of its start (NOTE
+[forked SIGTERM] in _processes.py).
+"""
+
+import collections
+import multiprocessing
+import os
+import pickle
+import signal
+import weakref
+from multiprocessing.reduction import ForkingPickler
+
+import numpy as np
+import torch
+
+from fastdata._processes import die_with_parent, end_on_sigterm, end_processes, held_signals, start_method
+from fastdata.errors import FormatError
+from fastdata.loading.device import HostBatch
+
+_ALIGN = 64  # each tensor of a slot starts on a cache line, so any dtype's view is aligned
+_POLL_SECONDS = 1.0  # how long a helper whose pipe closed is given to exit, for its exit status
+
+
+class HelperProcess:
+    """One process reading ``dataset``'s batches, into ``slots`` shared slots the caller maps (NOTE [helper process]).
+
+    Args:
+        dataset: a PackedDataset (pickled into the helper under spawn).
+        options: keyword options of every ``read_batch`` (with ``threads``: the threads it reads a batch with).
+        reader: a device pipeline's HostReader, or None: batches are then HostBatches.
+        slots: shared slots, at least the steps read ahead + 2 (the batch in the loop, and the one before).
+        batch_bytes: the most bytes of a batch's tensors; a larger batch travels as itself.
+        context: a multiprocessing start method, or None for the default.
+    """
+
+    def __init__(self, dataset, options, reader, slots, batch_bytes, context=None):
+        self.dataset, self.reader, self.options = dataset, reader, options
+        self.context = multiprocessing.get_context(context)
+        slot_bytes = batch_bytes + 4 * _ALIGN
+        self._buffers = torch.empty((slots, slot_bytes), dtype=torch.uint8).share_memory_()
+        self._arrays = [buffer.numpy() for buffer in self._buffers]  # this process's views of the slots
+        self._free = collections.deque(range(slots))  # slots no batch holds; a finalizer appends to it
+        self._process = self._conn = None
+        self._in_flight = 0  # replies of an iteration left early, received and dropped before the next
+
+    def batches(self, steps, ahead):
+        """Yield the batch of each ``(epoch, indices)`` of ``steps``, ``ahead`` steps read ahead by the helper."""
+        self._start()
+        self._drop_in_flight()
+        steps, sent, conn = iter(steps), collections.deque(), self._conn
+        try:
+            while True:
+                while len(sent) < ahead and (step := next(steps, None)) is not None:
+                    sent.append(step)
+                    self._send(*step)
+                if not sent:
+                    return
+                yield self._receive(*sent.popleft())
+        finally:
+            if self._conn is conn:  # not a helper that died (its replies died with it)
+                self._in_flight += len(sent)
+
+    def close(self):
+        """End the helper process now (a later iteration starts a new one)."""
+        if self._process is not None:
+            _stop(self._process, self._conn)
+            self._process = self._conn = None
+            self._in_flight = 0
+
+    def _start(self):
+        if self._process is not None and self._process.is_alive():
+            return
+        self.close()
+        ours, theirs = self.context.Pipe()
+        process = self.context.Process(
+            target=_serve, args=(theirs, self.dataset, self.reader, self.options, self._buffers, os.getpid()),
+            name="fastdata-helper", daemon=True)
+        with held_signals(start_method(self.context)):  # see NOTE [forked SIGTERM]
+            process.start()
+        theirs.close()
+        self._process, self._conn = process, ours
+        weakref.finalize(self, _stop, process, ours)
+
+    def _send(self, epoch, indices):
+        slot = self._free.popleft() if self._free else -1  # none free: every slot holds a batch the loop kept
+        self._conn.send_bytes(np.concatenate(([epoch, slot], np.asarray(indices, dtype=np.int64))))  # NOTE [requests]
+
+    def _receive(self, epoch, indices):
+        slot, layout, payload = self._reply()
+        if layout is None and slot is not None:  # the batch came as itself, or failed: its slot holds nothing
+            self._free.append(slot)
+        if isinstance(payload, _Failure):
+            raise payload.error
+        tensors = payload if layout is None else self._mapped(slot, layout)
+        return tensors if self.reader is None else HostBatch(tensors, np.asarray(indices, dtype=np.int64), epoch)
+
+    def _reply(self):
+        """Return the next ``(slot, layout, payload)`` the helper sent; raise if it died.
+
+        NOTE [requests]: the pipe's own send and poll cost the training
+        thread 133 + 94 us of CPU a batch (a pickler made per message, a
+        selector per poll; 2 shared cores); a request is instead one int64
+        array ``[epoch, slot or -1, *indices]`` as bytes, and a reply is
+        awaited by a blocking read: the helper's death closes its end of the
+        pipe, which ends the read.
+        """
+        try:
+            return pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            self._process.join(_POLL_SECONDS)
+            self._died()
+
+    def _died(self):
+        process, code = self._process, self._process.exitcode
+        self._process = self._conn = None
+        self._in_flight = 0
+        changed = self.dataset.changed_files()
+        if changed:
+            raise FormatError(
+                "fastdata's helper process was killed reading a file that changed under it: "
+                + "; ".join(f"{path!r} {what}" for path, what in changed.items())
+                + ". A packed file must not change while it is read; open it again (open_dataset) to read the new "
+                "file, or put the old one back.")
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+        raise RuntimeError(f"fastdata's helper process (pid {process.pid}) ended unexpectedly ({how}), as if killed "
+                           "or out of memory; the next iteration starts a new one")
+
+    def _drop_in_flight(self):
+        while self._in_flight:
+            slot, _, _ = self._reply()
+            self._in_flight -= 1
+            if slot is not None:
+                self._free.append(slot)
+
+    def _mapped(self, slot, layout):
+        """Return the batch in ``slot`` as tensors over it; the slot is free again once they are all gone."""
+        lease = _SlotLease(self._arrays[slot])
+        weakref.finalize(lease, self._free.append, slot)
+        memory = torch.from_numpy(np.asarray(lease))
+        return tuple(memory[start : start + nbytes].view(dtype).as_strided(shape, strides)
+                     for dtype, shape, strides, start, nbytes in layout)
+
+    def __getstate__(self):
+        raise TypeError("a HelperProcess belongs to the process that started it")
+
+
+class _SlotLease:
+    """The owner numpy sees of a slot's memory: alive while any tensor or view of the batch is."""
+
+    def __init__(self, array):
+        self.array = array
+        self.__array_interface__ = array.__array_interface__
+
+
+class _Failure:
+    """An error the helper raised reading a batch, re-raised in the training process in the batch's turn."""
+
+    def __init__(self, error):
+        try:
+            ForkingPickler.dumps(error)
+        except Exception:  # an exception that cannot travel: its type and message do
+            error = RuntimeError(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+def _serve(conn, dataset, reader, options, buffers, parent):
+    """The helper's loop: read each requested batch, into its slot (or as itself), until the pipe closes."""
+    end_on_sigterm()  # see NOTE [forked SIGTERM]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
+    die_with_parent(parent if start_method() == "fork" else None)
+    torch.set_num_threads(1)  # as a DataLoader worker does: OpenMP threads do not survive a fork (copy_ hung)
+    while True:
+        try:
+            request = np.frombuffer(conn.recv_bytes(), np.int64)  # see NOTE [requests]
+        except (EOFError, OSError):  # the training process closed the pipe, or died
+            return
+        if not len(request):
+            return
+        epoch, slot, indices = int(request[0]), int(request[1]), request[2:]
+        slot = None if slot < 0 else slot
+        layout = None
+        try:
+            if reader is None:
+                tensors = tuple(dataset.read_batch(indices, **options))
+            else:
+                tensors = tuple(reader.read(dataset, indices, epoch, options=options).tensors)
+            if slot is not None:
+                layout = _written(buffers[slot], tensors)
+            reply = (slot, layout, None if layout is not None else tensors)
+        except Exception as exc:
+            reply = (slot, None, _Failure(exc))
+        # (slot, its layout, None) or (slot or None, None, the tensors or a _Failure); tensors by descriptor
+        conn.send_bytes(pickle.dumps(reply) if layout is not None else ForkingPickler.dumps(reply))
+
+
+def _written(buffer, tensors):
+    """Copy ``tensors`` into ``buffer`` keeping their strides; return their layout, or None where they do not fit."""
+    layout, start = [], 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if start + nbytes > len(buffer) or not _dense(tensor):
+            return None
+        view = buffer[start : start + nbytes].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
+        view.copy_(tensor)
+        layout.append((tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), start, nbytes))
+        start += -(-nbytes // _ALIGN) * _ALIGN
+    return layout
+
+
+def _dense(tensor):
+    """Whether ``tensor`` covers exactly its ``numel`` elements (contiguous, or channels_last)."""
+    return tensor.is_contiguous() or (tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last))
+
+
+def _stop(process, conn):
+    """Ask the helper to end (its pipe closed), then end it within a bound (NOTE [bounded stop])."""
+    try:
+        conn.send_bytes(b"")
+    except (OSError, ValueError):
+        pass
+    conn.close()
+    process.join(1.0)
+    end_processes([process])
