@@ -10,7 +10,9 @@ a fresh process (NOTE [fresh process per row] in fresh.py):
 
 * fastdata ``make_loader`` defaults (in-process threads);
 * fastdata ``num_workers=2`` (--workers);
-* fastdata helper process: ``num_workers=1, threads=<usable cores>``;
+* fastdata one worker of threads: ``num_workers=1, threads=<usable cores>``;
+* fastdata ``helper_process=True`` (its threads decode into shared slots
+  this process maps without a copy, NOTE [helper process] in helper.py);
 * torch ``DataLoader``, 2 workers, over the fastdata dataset as a plain
   map-style dataset (its ``__getitems__``, then torch's default collate);
 * SPDL (``spdl.pipeline.PipelineBuilder``) and torchdata.nodes
@@ -57,10 +59,10 @@ from fastdata.measure.tables import markdown_table
 
 STEPS = (("hold", 2), ("hold", 5), ("hold", 20), ("sleep", 5))  # (kind, milliseconds)
 FILES = (("64px raw", 64, "raw"), ("64px jpeg", 64, "jpeg"), ("224px jpeg", 224, "jpeg"))
-LOADERS = ("fastdata defaults", "fastdata workers", "fastdata helper process", "torch DataLoader", "SPDL",
-           "torchdata.nodes")
+FASTDATA = ("fastdata defaults", "fastdata workers", "fastdata 1 worker x threads", "fastdata helper_process")
+LOADERS = (*FASTDATA, "torch DataLoader", "SPDL", "torchdata.nodes")
 PEERS = {"SPDL": "spdl", "torchdata.nodes": "torchdata"}  # loader -> the package it needs
-PY_OPS = 300  # Python additions per tiny-torch-op triple in hold_gil (NOTE [busy step])
+PY_OPS = 30  # Python additions per round of hold_gil, beside 3 torch calls (NOTE [busy step])
 UNTIMED_STEPS = 10  # more than any row buffers (torch: 2 workers x prefetch 2; SPDL: 2 in the sink + in flight)
 MIN_TIMED_STEPS = 10  # a data-bound 224 px jpeg step is ~0.1 s on 2 cores: a pass of ~1 s
 IDLE_SHARE = 0.1  # of one core: a decoding row uses 1-2 cores; idle loaders measured 0.000-0.003 here
@@ -68,34 +70,33 @@ IDLE_WINDOW = 0.1  # seconds per idle check
 IDLE_WAIT_MAX = 10.0  # seconds; past it the pass starts anyway and ``busy_starts`` counts it
 RAW_KEPT_MIN = 0.95  # target: 64 px raw, 5 ms GIL-holding step, make_loader defaults
 CEILING_SHARE_MIN = 0.9  # target: jpeg, best fastdata mode's kept share over the ceiling
-FASTDATA = ("fastdata defaults", "fastdata workers", "fastdata helper process")
 
 
 # ---------------------------------------------------------------- the step
 
 
 def hold_gil(units):
-    """Run ``units`` rounds of tiny torch ops and Python additions: a step that holds the GIL.
+    """Run ``units`` rounds of torch calls on a tiny tensor and Python additions: a step that holds the GIL.
 
-    NOTE [busy step]: each round is three tiny torch ops on a 4-element
-    tensor (a view, an add, a view) and ``PY_OPS`` Python additions, as a
-    step's Python around its kernel launches. Measured here (2 shared
-    cores, load ~3), a thread counting in Python beside the step counted at
-    0.00 / 0.38 / 0.65 of its rate beside a sleep of the same length for
-    2 / 5 / 20 ms steps (medians of 9): the step holds the GIL, and a
-    waiting thread gets it at the 5 ms switch interval, or at a torch call:
-    each one releases the GIL for its dispatch (with a 0.1 s switch
-    interval the counter entered there and kept the GIL, stretching a 5 ms
-    step to 111 ms). Tiny torch ops alone (3,000 ``add``s) let the counter
-    run at 0.75 of its rate, so Python dominates each round. The tests
-    check the hold below the switch interval. Returns the sum, so nothing
-    is optimized away.
+    NOTE [busy step]: a step's Python and torch calls need the GIL
+    throughout. Tiny torch kernels do not keep it: each ``add`` or ``view``
+    releases the GIL for its dispatch, and a waiting thread takes it there
+    (a view/add/view round with 300 Python additions, 5 ms alone, took
+    14-111 ms beside a thread counting in Python; 3,000 ``add`` alone let
+    it count at 0.75 of its rate beside a sleep). So each round is three
+    torch calls on a 4-element tensor that keep the GIL (size, numel, dim)
+    and ``PY_OPS`` Python additions. Measured on 2 idle cores, a thread
+    counting in Python beside it counted at 0.00 / 0.57 / 0.49 of its rate
+    beside a sleep of the same length for 2 / 5 / 20 ms steps (pure Python:
+    0.00 / 0.00 / 0.44; medians of 9): the waiting thread gets the GIL at
+    the 5 ms switch interval, as beside any Python. The tests check the hold
+    below the switch interval. Returns the sum, so nothing is optimized away.
     """
     import torch
 
     tensor, total = torch.zeros(4), 0
     for _ in range(units):
-        tensor = tensor.view(2, 2).add(1).view(4)
+        total += tensor.size(0) + tensor.numel() + tensor.dim()  # 4 + 4 + 1: calls that keep the GIL
         for j in range(PY_OPS):
             total += j
     return total
@@ -144,7 +145,8 @@ def open_loader(name, dataset, sampler, workers):
     cores = usable_cpus()
     if name.startswith("fastdata"):
         options = {"fastdata defaults": {}, "fastdata workers": {"num_workers": workers},
-                   "fastdata helper process": {"num_workers": 1, "threads": cores}}[name]
+                   "fastdata 1 worker x threads": {"num_workers": 1, "threads": cores},
+                   "fastdata helper_process": {"helper_process": True}}[name]
         loader = make_loader(dataset, batch_sampler=sampler, **options)
         return iter(loader), lambda: close_loader(loader)
     if name == "torch DataLoader":
