@@ -38,6 +38,10 @@ NOTE [zygote] in fresh.py):
 * streaming: 64 px raw and 224 px jpeg shard folders read from a local S3
   server (moto) through a throttling proxy (20 and 50 ms, 100 MB/s) against
   the same folders read locally: epochs 1 and 2, the first batch, cache limits.
+* gpu: the CUDA checks of scripts/gpu-check.sh (skipped without a CUDA device).
+* busystep: a training step that holds the GIL (2, 5, 20 ms) or sleeps,
+  alone and beside each loader (fastdata's modes, torch DataLoader, SPDL,
+  torchdata.nodes): the step rate kept, data wait, CPU per 1,000 images.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
