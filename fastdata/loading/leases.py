@@ -44,7 +44,9 @@ SIGIO has a handler that is not this module's, or where the first read in
 a process comes from a thread other than the main one (only the main
 thread may set a handler) before this process set the handler. Those reads
 keep the fingerprint's window. A batch read for longer than the kernel's
-``lease-break-time`` (45 s by default) lets the writer go on under it.
+``lease-break-time`` (45 s by default), or a main thread that runs no
+Python for that long (the handler waits for it), lets the writer go on
+under the maps.
 """
 
 import fcntl
