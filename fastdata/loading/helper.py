@@ -42,8 +42,8 @@ import numpy as np
 import torch
 
 from fastdata._processes import die_with_parent, end_on_sigterm, end_processes, held_signals, start_method
-from fastdata.errors import FormatError
 from fastdata.loading.device import HostBatch
+from fastdata.loading.workers import changed_under
 
 _ALIGN = 64  # each tensor of a slot starts on a cache line, so any dtype's view is aligned
 _POLL_SECONDS = 1.0  # how long a helper whose pipe closed is given to exit, for its exit status
@@ -144,11 +144,7 @@ class HelperProcess:
         self._in_flight = 0
         changed = self.dataset.changed_files()
         if changed:
-            raise FormatError(
-                "fastdata's helper process was killed reading a file that changed under it: "
-                + "; ".join(f"{path!r} {what}" for path, what in changed.items())
-                + ". A packed file must not change while it is read; open it again (open_dataset) to read the new "
-                "file, or put the old one back.")
+            raise changed_under("fastdata's helper process", changed)
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
         raise RuntimeError(f"fastdata's helper process (pid {process.pid}) ended unexpectedly ({how}), as if killed "
                            "or out of memory; the next iteration starts a new one")

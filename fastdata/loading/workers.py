@@ -103,11 +103,7 @@ class WorkerLoader(Resumable):
         except RuntimeError as exc:  # see NOTE [worker bus error]
             changed = self.packed_dataset.changed_files() if _died(exc) else None
             if changed:
-                raise FormatError(
-                    "a DataLoader worker was killed reading a file that changed under it: "
-                    + "; ".join(f"{path!r} {what}" for path, what in changed.items())
-                    + ". A packed file must not change while it is read; open it again (open_dataset) to read the "
-                    "new file, or put the old one back.") from exc
+                raise changed_under("a DataLoader worker", changed) from exc
             raise
 
     def close(self):
@@ -161,6 +157,15 @@ class WorkerLoader(Resumable):
 # .h5 in 0 of 8: the check came first). So on such an error the files are
 # looked at (one stat each) and a change is reported as the FormatError it
 # is, naming the file (8 of 8 after); with no change the error is torch's.
+
+
+def changed_under(reader, changed):
+    """Return the FormatError for ``reader`` (a process) killed reading files that changed: ``{path: what}``."""
+    return FormatError(
+        f"{reader} was killed reading a file that changed under it: "
+        + "; ".join(f"{path!r} {what}" for path, what in changed.items())
+        + ". A packed file must not change while it is read; open it again (open_dataset) to read the new file, "
+        "or put the old one back.")
 
 
 def _died(exc):
