@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from tqdm.auto import tqdm
@@ -99,7 +99,7 @@ def _run_on(executor, fn, tasks, sizes, bar):
     try:
         for task, size in zip(tasks, sizes):  # a pool whose worker died as it started refuses a submit
             futures[executor.submit(fn, task)] = size
-        return [_counted(future.result(), bar, futures[future]) for future in as_completed(futures)]
+        return [_counted(future.result(), bar, futures[future]) for future in _completed(futures)]
     except BrokenProcessPool as exc:
         raise FastdataError("a conversion worker process died (killed, or out of memory); the finished "
                             "shards are kept. Run again with --resume, with fewer --workers if memory "
@@ -187,14 +187,43 @@ def _pooled_chunks(pool, fn, items, workers):
         for chunk in chunks:
             pending.append(pool.submit(_map_chunk, fn, chunk))
             if len(pending) >= 4 * workers:
-                yield pending.popleft().result()
+                yield _result(pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield _result(pending.popleft())
     except BrokenProcessPool as exc:
         raise FastdataError(
             "a conversion worker process died (killed, or out of memory); nothing "
             "was written. Run again, with fewer --workers if memory is short."
         ) from exc
+
+
+# NOTE [signals in waits]: Python runs a signal handler in the main
+# thread, between bytecodes. A signal the kernel gives to another thread
+# (one an earlier library or test left running) does not interrupt the
+# main thread's untimed wait on a future, so the handler waits for a task
+# to finish. A fresh-clone CI run's stop took 30.1 s, the length of its
+# tasks (test_parallel, 1 of 24 stops, under heavy load; not reproduced
+# alone, 120 runs), which this explains. So the main thread waits on the
+# pool in slices of _WAKE_SECONDS, after each of which a pending handler
+# runs.
+_WAKE_SECONDS = 0.2
+
+
+def _completed(futures):
+    """Yield ``futures`` as they complete, waking every _WAKE_SECONDS (NOTE [signals in waits])."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=_WAKE_SECONDS, return_when=FIRST_COMPLETED)
+        yield from done
+
+
+def _result(future):
+    """Return ``future.result()``, waking every _WAKE_SECONDS (NOTE [signals in waits])."""
+    while True:
+        try:
+            return future.result(timeout=_WAKE_SECONDS)
+        except TimeoutError:
+            continue
 
 
 def _map_chunk(fn, chunk):
