@@ -9,7 +9,7 @@ import time
 import h5py
 import pytest
 import torch
-from support import truncate_elsewhere
+from support import start_methods, truncate_elsewhere
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FormatError, OptionError
@@ -41,6 +41,13 @@ def test_batches_are_those_read_in_process_over_epochs(packed_files, fmt, storag
     with make_loader(dataset, 5, shuffle=True, seed=2, helper_process=True) as loader:
         for _ in range(2):  # a new order each epoch, the same helper
             assert same_batches([cloned(batch) for batch in loader], [cloned(b) for b in expected_loader])
+
+
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn", "forkserver"))
+def test_the_helper_starts_by_any_method(packed_files, start_method):
+    dataset = open_dataset(packed_files("arrow", "jpeg"))
+    with make_loader(dataset, 4, shuffle=True, helper_process=True, multiprocessing_context=start_method) as loader:
+        assert same_batches([cloned(b) for b in loader], list(make_loader(dataset, 4, shuffle=True)))
 
 
 def test_text_batches_come_through_the_helper_too(packed_text):
