@@ -253,8 +253,10 @@ def test_memory_probe_sees_a_growing_worker(big_files, start_method):
     growth = growth_per_worker(run_epochs(loader, epochs=1)[0])
     shutdown(loader)
     assert len(growth) == 2
-    for anon, _ in growth.values():
-        assert anon > 8 * MB
+    # A forked worker's new objects may land in heap its parent freed (already resident, so RssAnon stays put:
+    # 120 kB in two full-suite runs after tests that freed large batches); they are then its private dirty pages.
+    for anon, dirty in growth.values():
+        assert max(anon, dirty) > 8 * MB
 
 
 def test_memory_probe_sees_copy_on_write_in_forked_workers(big_files):
