@@ -248,10 +248,25 @@ class PackedDataset(Dataset):
             return lambda: batch
         return functools.partial(self._finish, *self._start(indices, pin_memory, options))
 
-    def _start(self, indices, pin_memory, options):
+    def start_batches(self, indices, sizes, pin_memory=False, **options):
+        """Begin reading consecutive batches of ``sizes`` samples of ``indices`` as one read (NOTE [grouped reads]).
+
+        Returns a function that finishes the read and returns the list of
+        batches, each as ``read_batch`` returns it (views of one array). For
+        samples of one shape only (raw images) and local files, where the
+        read counts as ``len(sizes)`` batches in ``read_paths``.
+
+        Raises:
+            IndexError: an index is out of range.
+        """
+        indices = self._check_indices(np.asarray(indices, dtype=np.int64))
+        finish = functools.partial(self._finish, *self._start(indices, pin_memory, options, len(sizes)))
+        return lambda: list(zip(*(torch.split(column, sizes) for column in finish())))
+
+    def _start(self, indices, pin_memory, options, batches=1):
         self._store.enter()  # until _finish: a writer of the files waits (NOTE [read leases] in leases.py)
         try:
-            parts = self._store.parts(indices)
+            parts = self._store.parts(indices, batches)
         except BaseException:
             self._store.leave()
             raise

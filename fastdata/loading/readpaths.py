@@ -30,8 +30,8 @@ class ReadPaths:
         self.counts = dict.fromkeys(PATHS, 0)
         self.fallbacks = {}  # reason key -> the message warned
 
-    def count(self, path):
-        self.counts[path] += 1
+    def count(self, path, batches=1):
+        self.counts[path] += batches
 
     def fall_back(self, key, message):
         """Warn ``message`` (FastPathWarning) unless a fallback of ``key`` was warned about already."""

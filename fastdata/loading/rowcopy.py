@@ -46,15 +46,14 @@ helpers, 64 px 238k / 229k against 244k / 230k, with the helpers off at
 at 64 px there (the reviewer's 1.28x came from another machine). On this
 machine np.take into a fresh array runs as fast as into a reused one at
 32 px (1.29-1.52M samples/s), so the loader is at 0.5 of either; the
-~130 us of Python a step (order, parts, labels, tensors) is the gap.
+~130 us of Python a step (order, parts, labels, tensors) is the gap. Such
+batches are now read a few at a time, in reads of PARALLEL_BYTES or more
+that go to the helpers (NOTE [grouped reads] in loader.py).
 """
 
 import itertools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 PARALLEL_BYTES = 3 << 19  # 1.5 MiB: batches smaller than this are copied by the calling thread alone
 SHARES = (0.1, 0.5)  # the caller's piece, as a fraction of a helper's: lowest and highest
@@ -69,7 +68,7 @@ class RowCopier:
     """
 
     def __init__(self):
-        self._pool, self._size, self._pid = None, 0, None
+        self._threads, self._pid = [], None
         self.share = SHARES[1]
 
     def start(self, jobs, threads=1):
@@ -87,8 +86,9 @@ class RowCopier:
                 source.take(rows, 0, out, "clip")
             return COPIED
         copy = Copy(_split(jobs, threads, self.share), self)
-        pool = self._helpers(threads - 1)
-        copy.helpers = [pool.submit(copy.copy) for _ in range(min(threads, len(copy.pieces)) - 1)]
+        copy.helpers = self._helpers(min(threads, len(copy.pieces)) - 1)
+        for helper in copy.helpers:
+            helper.post(copy)
         return copy
 
     def balance(self, waited):
@@ -96,16 +96,51 @@ class RowCopier:
         self.share = min(SHARES[1], self.share + SHARE_STEP) if waited else max(SHARES[0], self.share - SHARE_STEP)
 
     def _helpers(self, size):
-        """Return this process's thread pool of at least ``size`` threads (made once, grown when asked for more)."""
-        if self._pid != os.getpid() or self._size < size:
-            if self._pool is not None and self._pid == os.getpid():
-                self._pool.shutdown(wait=False)
-            self._pool = ThreadPoolExecutor(size, thread_name_prefix="fastdata-copy")
-            self._size, self._pid = size, os.getpid()
-        return self._pool
+        """Return ``size`` of this process's helper threads (started when first asked for)."""
+        if self._pid != os.getpid():
+            self._threads, self._pid = [], os.getpid()
+        while len(self._threads) < size:
+            self._threads.append(Helper())
+        return self._threads[:size]
 
     def __getstate__(self):
-        return {**self.__dict__, "_pool": None, "_size": 0, "_pid": None}
+        return {**self.__dict__, "_threads": [], "_pid": None}
+
+
+class Helper:
+    """A daemon thread that copies pieces of the last Copy posted to it.
+
+    NOTE [lean helpers]: the helper holds the GIL only to take a copy, claim
+    its pieces and count them done (two locks, no queue), so that the
+    caller's Python beside it is held up as little as possible; until
+    2026-11-26 the helpers were a ThreadPoolExecutor, whose per-job
+    bookkeeping (a future, a condition, the queue) ran with the GIL. Reading
+    32 px batches in groups of 4 (NOTE [grouped reads] in loader.py),
+    make_loader ran at 0.76-0.88 of a plain batched read on the executor
+    and 0.93-1.05 on these threads; 64 px batches (3 MiB, one a read) at
+    1.17-1.24 and 1.20-1.34 (/tmp/p32/sizes.py, sweep.py: warm converted
+    .h5 files, batch 256, interleaved rounds, 2 cores).
+    """
+
+    def __init__(self):
+        self._go, self._lock, self._copy = threading.Lock(), threading.Lock(), None
+        self._go.acquire()  # released when a copy is posted
+        threading.Thread(target=self._run, name="fastdata-copy", daemon=True).start()
+
+    def post(self, copy):
+        """Have the thread copy pieces of ``copy`` (if it is busy, once it is free; a later post replaces it)."""
+        with self._lock:
+            self._copy = copy
+            if self._go.locked():
+                self._go.release()
+
+    def _run(self):
+        while True:
+            self._go.acquire()
+            with self._lock:
+                copy, self._copy = self._copy, None  # not kept: it holds the batch's buffer (NOTE [buffer reuse])
+            copy.copy()
+            del copy
 
 
 class Copy:
@@ -113,10 +148,10 @@ class Copy:
 
     def __init__(self, pieces, copier=None):
         self.pieces, self.helpers, self._copier, self._error = pieces, [], copier, None
-        self._next, self._left = itertools.count(), len(pieces)  # next() is atomic under the GIL
-        self._lock, self._done = threading.Lock(), threading.Event()
-        if not pieces:
-            self._done.set()
+        self._next, self._ended = itertools.count(), itertools.count(1)  # next() is atomic under the GIL
+        self._done = threading.Lock()  # held until the last piece ends
+        if pieces:
+            self._done.acquire()
 
     def copy(self):
         """Copy pieces until none is left unclaimed."""
@@ -128,19 +163,18 @@ class Copy:
                     source.take(rows, 0, out, "clip")
             except BaseException as exc:
                 self._error = exc
-            with self._lock:
-                self._left -= 1
-                if not self._left:
-                    self._done.set()
+            if next(self._ended) == len(self.pieces):
+                self._done.release()
 
     def finish(self):
         """Copy the pieces nobody claimed, wait for the claimed ones; raise the first error of any."""
         self.copy()
+        waited = not self._done.acquire(blocking=False)
+        if waited:
+            self._done.acquire()  # never return (or raise) while a helper still writes into the batch
         if self._copier is not None:
-            self._copier.balance(waited=not self._done.is_set())
-        self._done.wait()  # never return (or raise) while a helper still writes into the batch
-        for helper in self.helpers:
-            helper.cancel()  # not started yet: it would find nothing left
+            self._copier.balance(waited)
+        self.pieces = ()  # a helper that takes this copy late finds nothing, and holds no buffer
         if self._error is not None:
             raise self._error
 
@@ -159,9 +193,9 @@ COPIED = Copied()
 
 def _split(jobs, threads, share):
     """Return ``jobs`` cut by rows into a piece per thread: the last (the caller's) ``share`` of each other's."""
-    weights = np.array([1.0] * (threads - 1) + [share])
     total = sum(len(rows) for _, rows, _ in jobs)
-    edges = np.round(np.concatenate(([0.0], np.cumsum(weights))) / weights.sum() * total).astype(np.int64).tolist()
+    unit = total / (threads - 1 + share)  # a helper's rows (Python floats: numpy costs more on so few)
+    edges = [round(unit * piece) for piece in range(threads)] + [total]
     pieces, first = [[] for _ in range(threads)], 0
     for source, rows, out in jobs:
         last = first + len(rows)

@@ -168,29 +168,32 @@ class ShardStore:
             self._reset()
         return self._leases.unguarded
 
-    def parts(self, indices):
-        """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard."""
+    def parts(self, indices, batches=1):
+        """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard.
+
+        The read counts as ``batches`` batches in ``read_paths`` (NOTE [grouped reads] in loader.py).
+        """
         if self.windows is not None:  # see NOTE [window reads] in windows.py
             if (parts := self.windows.parts(indices)) is not None:
-                self.read_paths.count(WINDOWS)
+                self.read_paths.count(WINDOWS, batches)
                 return parts
             self.read_paths.fall_back("window miss", (
                 f"a batch of {self.index.root!r} lies outside the block order's windows read whole (the one read now "
                 "and the next): it is read from the files, as is any other such batch (two loaders, or a loader "
                 "and a walk of its sampler, over one dataset at once do this)"))
         if self.index.num_shards == 1:
-            self.read_paths.count(ONE_FILE)
+            self.read_paths.count(ONE_FILE, batches)
             return Parts([self._only()], indices, [0, len(indices)], self._paths)
         if not len(indices):
             return Parts([], indices, [0], [])
         shards = self.index.shard_of(indices)
         steady = self._steady_parts(shards, indices)
         if steady is not None:  # not `or`: a Parts' truth is its len
-            self.read_paths.count(STITCHED)
+            self.read_paths.count(STITCHED, batches)
             return steady
-        return self._parts(shards, indices)
+        return self._parts(shards, indices, batches)
 
-    def _parts(self, shards, indices):
+    def _parts(self, shards, indices, batches=1):
         """Return the Parts of ``indices`` of ``shards``, opening and checking the shards as needed."""
         numbers, bounds, rows = self._runs(shards, indices)
         columns, bases, stitched = self._columns_and_label_bases(numbers, lease=True)
@@ -198,7 +201,7 @@ class ShardStore:
         if self._stitch is not None:  # leased: no slot this batch reads is unmapped until it is released
             stitch = self._stitch
             parts.hold(stitch.release, (stitch.view, stitch.rows(shards, indices)) if stitched else None)
-        self.read_paths.count(STITCHED if stitched else BY_SHARD)
+        self.read_paths.count(STITCHED if stitched else BY_SHARD, batches)
         return parts
 
     def _runs(self, shards, indices):

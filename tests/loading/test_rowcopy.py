@@ -1,6 +1,8 @@
 """Copying a batch's rows on helper threads (rowcopy.py): the rows, the pieces, a late helper, a failing piece."""
 
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -8,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastdata.loading import rowcopy
-from fastdata.loading.rowcopy import SHARES, RowCopier, _split
+from fastdata.loading.rowcopy import SHARES, Copy, RowCopier, _split
 
 THRESHOLD = rowcopy.PARALLEL_BYTES  # read before any_batch_on_threads lowers it
 
@@ -63,21 +65,48 @@ def test_pieces_cover_every_row_once_in_order_and_the_callers_is_its_share(lengt
         assert abs(caller - total * share / (threads - 1 + share)) <= len(lengths) + 1
 
 
+class Blocking:
+    """A source whose take waits for ``release``: it keeps the helper thread that runs it busy."""
+
+    def __init__(self):
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def take(self, rows, axis, out, mode):
+        self.started.set()
+        self.release.wait(30)
+
+
 def test_a_helper_that_never_runs_leaves_its_piece_to_the_caller(tmp_path):
     jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size)[::-1], [64, 64])
     copier = RowCopier()
-    blocker = threading.Event()
-    busy = copier._helpers(1).submit(blocker.wait)  # the only helper thread is taken: no piece of ours can start
+    blocker = Blocking()
+    (helper,) = copier._helpers(1)
+    helper.post(Copy([[(blocker, np.arange(1), np.empty(1))]]))  # the only helper is taken: no piece of ours starts
+    assert blocker.started.wait(30)
     try:
         copy = copier.start(jobs, threads=2)
         share = copier.share
         copy.finish()  # returns: the caller copied both pieces, waiting for nobody
         assert np.array_equal(out, expected)
         assert copier.share < share  # the caller did not wait, so it takes less next time
-        assert all(helper.cancelled() for helper in copy.helpers)
+        assert copy.helpers == [helper] and copy.pieces == ()  # posted to it; it finds nothing left once free
     finally:
-        blocker.set()
-        busy.result()
+        blocker.release.set()
+
+
+def test_a_helper_holds_no_batch_once_its_pieces_are_copied(tmp_path):
+    jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size), [300, 300])
+    copier = RowCopier()
+    copier.share = 0.1  # the helper's piece is most of the batch: it runs
+    copy = copier.start(jobs, threads=2)
+    copy.finish()
+    assert np.array_equal(out, expected)
+    (helper,) = copy.helpers
+    for _ in range(3000):  # the helper lets go of its copy right after its last piece
+        if sys.getrefcount(copy) == 2:
+            break
+        time.sleep(0.01)
+    assert sys.getrefcount(copy) == 2  # ours and getrefcount's: the buffer can be reused (NOTE [buffer reuse])
 
 
 class Unreadable:
@@ -96,7 +125,8 @@ def test_a_failing_piece_raises_from_finish_after_every_piece_ended(tmp_path, fa
     copy = copier.start(jobs, threads=2)
     with pytest.raises(OSError, match="the rows are gone"):
         copy.finish()
-    assert copy._done.is_set()
+    good = 1 - failing  # raised only after the other piece ended, whichever thread copied it
+    assert np.array_equal(out[200 * good : 200 * good + 200], np.asarray(jobs[good][0]))
 
 
 def test_one_thread_or_a_small_batch_is_copied_at_start(tmp_path, monkeypatch):
@@ -146,7 +176,7 @@ def test_a_pickled_copier_starts_its_own_threads(tmp_path):
     copier = RowCopier()
     copier._helpers(1)
     clone = pickle.loads(pickle.dumps(copier))
-    assert clone._pool is None and clone.share == copier.share
+    assert clone._threads == [] and clone.share == copier.share
     jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size), [50])
     clone.start(jobs, threads=2).finish()
     assert np.array_equal(out, expected)
