@@ -8,7 +8,10 @@ folder of inputs.py (varied JPEGs) is converted by fastdata's converter to
 HDF5 at 64 px raw, 64 px jpeg and 224 px jpeg. Per file, each loader runs in
 a fresh process (NOTE [fresh process per row] in fresh.py):
 
-* fastdata ``make_loader`` defaults (in-process threads);
+* fastdata ``make_loader`` defaults (``helper_process="auto"``: in-process
+  threads, or the helper process once the loop computes, NOTE [auto
+  helper] in loader.py);
+* fastdata in process: ``helper_process=False`` (threads in this process);
 * fastdata ``num_workers=2`` (--workers);
 * fastdata one worker of threads: ``num_workers=1, threads=<usable cores>``;
 * fastdata ``helper_process=True`` (its threads decode into shared slots
@@ -59,7 +62,8 @@ from fastdata.measure.tables import markdown_table
 
 STEPS = (("hold", 2), ("hold", 5), ("hold", 20), ("sleep", 5))  # (kind, milliseconds)
 FILES = (("64px raw", 64, "raw"), ("64px jpeg", 64, "jpeg"), ("224px jpeg", 224, "jpeg"))
-FASTDATA = ("fastdata defaults", "fastdata workers", "fastdata 1 worker x threads", "fastdata helper_process")
+FASTDATA = ("fastdata defaults", "fastdata in process", "fastdata workers", "fastdata 1 worker x threads",
+            "fastdata helper_process")
 LOADERS = (*FASTDATA, "torch DataLoader", "SPDL", "torchdata.nodes")
 PEERS = {"SPDL": "spdl", "torchdata.nodes": "torchdata"}  # loader -> the package it needs
 PY_OPS = 30  # Python additions per round of hold_gil, beside 3 torch calls (NOTE [busy step])
@@ -144,7 +148,8 @@ def open_loader(name, dataset, sampler, workers):
 
     cores = usable_cpus()
     if name.startswith("fastdata"):
-        options = {"fastdata defaults": {}, "fastdata workers": {"num_workers": workers},
+        options = {"fastdata defaults": {}, "fastdata in process": {"helper_process": False},
+                   "fastdata workers": {"num_workers": workers},
                    "fastdata 1 worker x threads": {"num_workers": 1, "threads": cores},
                    "fastdata helper_process": {"helper_process": True}}[name]
         loader = make_loader(dataset, batch_sampler=sampler, **options)

@@ -16,9 +16,10 @@ class LoopBody:
 
     ``busy`` turns on after STREAK bodies in a row longer than
     BUSY_CONSUMER_SECONDS, and off after STREAK shorter ones (see NOTE
-    [adaptive read-ahead] in loader.py). While busy, the CPU time of the
-    loop's thread is measured too (0.4 us a call, so not in tight loops), for
-    NOTE [leave a core] in loader.py.
+    [adaptive read-ahead] in loader.py). While busy, and on a streak of long
+    bodies towards it, the CPU time of the loop's thread is measured too
+    (0.4 us a call, so not in tight loops), for NOTE [leave a core] and NOTE
+    [auto helper] in loader.py: it is measured by the time ``busy`` turns on.
     """
 
     _DECAY = 0.9  # weight of the past in the running sums: about the last 10 bodies count
@@ -33,11 +34,12 @@ class LoopBody:
         with closing(batches):
             for batch in batches:
                 busy = self.busy
+                measured = busy or self._streak > 0  # busy, or long bodies in a row so far
                 wall = time.perf_counter()
-                cpu = time.thread_time() if busy else 0.0
+                cpu = time.thread_time() if measured else 0.0
                 yield batch
                 wall = time.perf_counter() - wall
-                if busy:
+                if measured:
                     self._wall = self._DECAY * self._wall + wall
                     self._cpu = self._DECAY * self._cpu + time.thread_time() - cpu
                 if (wall > BUSY_CONSUMER_SECONDS) == busy:
@@ -48,8 +50,8 @@ class LoopBody:
                         self.busy, self._streak = not busy, 0
 
     def keeps_a_core_busy(self):
-        """Whether the body computes on its thread more than half of its time (True until measured)."""
-        return self.busy and (self._wall == 0.0 or self._cpu > CPU_BOUND_SHARE * self._wall)
+        """Whether the body is busy and computes on its thread more than CPU_BOUND_SHARE of its time."""
+        return self.busy and self._cpu > CPU_BOUND_SHARE * self._wall
 
 
 def read_on_thread(batches, depth, at_end=None, first=None):

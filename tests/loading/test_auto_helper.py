@@ -1,0 +1,114 @@
+"""helper_process="auto": reading moves to a helper process once the loop computes on its own thread.
+
+See NOTE [auto helper] in fastdata/loading/loader.py.
+"""
+
+import time
+
+import pytest
+import torch
+
+from fastdata import make_loader, open_dataset
+from fastdata.errors import OptionError
+from fastdata.loading import loader as loader_module
+from fastdata.loading import overlap
+
+BUSY_THRESHOLD, STEP = 0.01, 0.03  # as tests/loading/test_loader.py: far from a shared machine's noise
+KINDS = [("hdf5", "raw"), ("hdf5", "jpeg"), ("arrow", "raw"), ("arrow", "jpeg")]
+
+
+@pytest.fixture(autouse=True)
+def noise_proof(monkeypatch):
+    monkeypatch.setattr(overlap, "BUSY_CONSUMER_SECONDS", BUSY_THRESHOLD)
+    monkeypatch.setattr(overlap, "CPU_BOUND_SHARE", 0.2)  # a spinning body on a loaded machine still counts
+
+
+def compute(seconds=STEP):
+    """A loop body that keeps its core (and the GIL) busy."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def wait(seconds=STEP):
+    """A loop body that waits, as on a GPU: the GIL and the core are free."""
+    time.sleep(seconds)
+
+
+def from_helper(loader, tensor):
+    """Whether ``tensor`` lies in a slot of the loader's auto helper (mapped from it, not read here)."""
+    helper = loader.auto_helper
+    return helper is not None and any(
+        slot.data_ptr() <= tensor.data_ptr() < slot.data_ptr() + slot.numel() for slot in helper._buffers)
+
+
+def run_epoch(loader, body):
+    """Return each batch of an epoch (cloned) and whether it came from the helper, running ``body`` after each."""
+    batches, sources = [], []
+    for batch in loader:
+        sources.append(from_helper(loader, batch[0]))
+        batches.append(tuple(tensor.clone() for tensor in batch))
+        body()
+    return batches, sources
+
+
+def same_batches(got, expected):
+    return len(got) == len(expected) and all(
+        len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)) for a, b in zip(got, expected))
+
+
+@pytest.mark.parametrize("fmt, storage", KINDS)
+def test_a_loop_that_computes_gets_the_same_batches_from_a_helper(packed_files, monkeypatch, fmt, storage):
+    monkeypatch.setattr(loader_module, "MAX_GROUP", 2)  # raw: reads two batches at a time, a read ahead
+    dataset = open_dataset(packed_files(fmt, storage))
+    expected = make_loader(dataset, 2, shuffle=True, seed=4, helper_process=False)
+    with make_loader(dataset, 2, shuffle=True, seed=4) as loader:
+        first, sources = run_epoch(loader, compute)
+        assert same_batches(first, [tuple(t.clone() for t in b) for b in expected])
+        if storage == "jpeg":  # read a step at a time: the steps after the streak of long bodies go to the helper
+            assert sources == [False] * overlap.STREAK + [True] * (len(sources) - overlap.STREAK)
+        else:  # read a group ahead: the batches started here are read here, the rest by the helper
+            assert sources == sorted(sources) and not any(sources[: overlap.STREAK + 1]) and sources[-1]
+        second, sources = run_epoch(loader, compute)
+        assert all(sources) and same_batches(second, [tuple(t.clone() for t in b) for b in expected])
+        process = loader.auto_helper._process
+        assert process.is_alive()
+    assert not process.is_alive()  # closed with the loader
+
+
+@pytest.mark.parametrize("body", [wait, lambda: None], ids=["waits", "tight"])
+def test_a_loop_that_waits_or_does_nothing_keeps_reading_here(packed_files, body):
+    dataset = open_dataset(packed_files("hdf5", "jpeg"))
+    loader = make_loader(dataset, 2, shuffle=True, seed=1)
+    for _ in range(2):
+        _, sources = run_epoch(loader, body)
+        assert not any(sources)
+    assert loader.auto_helper is None
+
+
+def test_helper_process_false_reads_here_whatever_the_loop(packed_files):
+    loader = make_loader(open_dataset(packed_files("arrow", "jpeg")), 3, helper_process=False)
+    for _ in range(2):
+        run_epoch(loader, compute)
+    assert loader.auto_helper is None
+
+
+def test_a_resumed_loop_gets_the_rest_of_the_epoch_after_the_move(packed_files):
+    dataset = open_dataset(packed_files("hdf5", "jpeg"))
+    expected = [tuple(t.clone() for t in b) for b in make_loader(dataset, 2, shuffle=True, seed=5)]
+    with make_loader(dataset, 2, shuffle=True, seed=5) as loader:
+        iterator = iter(loader)
+        for _ in range(overlap.STREAK + 2):  # past the move to the helper
+            batch = next(iterator)
+            compute()
+        assert from_helper(loader, batch[0])
+        state = loader.state_dict()
+    resumed = make_loader(dataset, 2, shuffle=True, seed=5)
+    resumed.load_state_dict(state)
+    rest, _ = run_epoch(resumed, lambda: None)
+    assert same_batches(rest, expected[overlap.STREAK + 2:])
+
+
+def test_helper_process_is_true_false_or_auto(packed_files):
+    with pytest.raises(OptionError, match="helper_process should be True, False or 'auto', got 'yes'"):
+        make_loader(open_dataset(packed_files("hdf5", "raw")), 2, helper_process="yes")
