@@ -413,13 +413,10 @@ class BatchLoader(Resumable):
         first, steps = self._take_next_epoch()
         if self.helper is not None:  # see NOTE [helper process] in helper.py
             batches = self.helper.batches(steps, ahead=max(self.prefetch_factor, 1))
-        elif self._helper_pays():
-            batches = self._from_auto_helper(steps, first)
+        elif self._make_auto_helper is not None:
+            batches = self._switching(steps, first)
         else:
-            steps = _Cuttable(steps)
-            batches = self._read(steps)
-            if self.prefetch_factor > 0:
-                batches = self._read_ahead(batches, first, steps)
+            batches = self._here(_Cuttable(steps), first)
         if self.pipeline is not None:
             batches = self.pipeline.run(batches)
         return self._counted(self._body.timed(batches), position)
@@ -539,24 +536,45 @@ class BatchLoader(Resumable):
         # of local files move to a helper process reading on the cores but
         # one, once the loop body is busy and computes on its thread
         # (LoopBody.keeps_a_core_busy, measured over its streak of long
-        # bodies): at once (the batches started here are yielded, the steps
-        # not taken yet go to the helper), and in each epoch that starts so.
-        # A loop that waits (on a GPU, a sleep) leaves the GIL free and its
-        # core to the threads here, and a tight loop pays no message: both
-        # stay; so does data that outgrows the page cache, whose read-ahead
-        # (hints, windows) follows the order in this process.
+        # bodies), and back once it does not: at once either way, mid-epoch
+        # (the batches started one way are yielded, the steps not taken yet
+        # go the other way). A loop that waits (on a GPU, a sleep) leaves the
+        # GIL free and its core to the threads here, and a tight loop pays no
+        # message: both read here; so does data that outgrows the page cache,
+        # whose read-ahead (hints, windows) follows the order in this process.
+        # Measured in one process whose step changed from holding the GIL to
+        # sleeping: staying in the helper (one thread) kept 0.50 of a 5 ms
+        # sleeping step over 64 px JPEG against 0.67 read here.
         return (self._make_auto_helper is not None and getattr(self.sampler, "readahead", None) is None
                 and self._body.keeps_a_core_busy())
 
-    def _from_auto_helper(self, steps, first=None):
-        """Yield ``first`` (if read already), then the batch of each step, read by the auto helper process."""
+    def _switching(self, steps, first):
+        """Yield the batch of each step, read here or by the auto helper as each pays in turn (NOTE [auto helper])."""
+        steps = iter(steps)
+        while True:
+            tap = _Cuttable(steps)  # cut where the other way starts to pay: the steps not taken go to it
+            yield from self._from_auto_helper(tap, first) if self._helper_pays() else self._here(tap, first)
+            if not tap.cut:
+                return
+            first = None
+
+    def _here(self, tap, first):
+        """Return the batches of the steps of ``tap`` read in this process (inline, or ahead on a thread)."""
+        batches = self._read(tap)
+        return self._read_ahead(batches, first, tap) if self.prefetch_factor > 0 else batches
+
+    def _from_auto_helper(self, tap, first=None):
+        """Yield ``first`` (if read already), then the batch of each step of ``tap``, read by the auto helper."""
         if self.auto_helper is None:
             self.auto_helper = self._make_auto_helper()
         if first is not None:
             yield first
-        yield from self.auto_helper.batches(steps, ahead=max(self.prefetch_factor, 1))
+        for batch in self.auto_helper.batches(tap, ahead=max(self.prefetch_factor, 1)):
+            yield batch
+            if not tap.cut and not self._helper_pays():  # the steps sent are still received and yielded
+                tap.cut = True
 
-    def _read_ahead(self, batches, first=None, steps=None):
+    def _read_ahead(self, batches, first, tap):
         """Yield from ``batches``, read ahead on a thread once the consumer does real work.
 
         NOTE [adaptive read-ahead]: handing batches over from a thread costs
@@ -570,25 +588,27 @@ class BatchLoader(Resumable):
         single pause (a garbage collection) once switched a tight JPEG loop
         to the thread for good, at 53k against 85k img/s (64x64, 2 cores).
         """
-        if first is not None:  # read early: the consumer was busy (see NOTE [next epoch's first batch])
-            yield from read_on_thread(batches, self.prefetch_factor, self._read_next_epoch_start, first)
-            return
-        batches = iter(batches)
-        if not self._body.busy:
-            for batch in batches:
-                yield batch
-                if self._body.busy:  # timed by self._body.timed, which wraps this generator
-                    break
-            else:
-                return
-            if self._helper_pays():  # the batches started here end here, the steps not taken go to the helper
-                steps.cut = True
-                yield from batches
-                yield from self._from_auto_helper(steps.steps)
-                return
-        yield from read_on_thread(batches, self.prefetch_factor, at_end=self._read_next_epoch_start)
+        if first is None:
+            batches = iter(batches)
+            if not self._body.busy:
+                for batch in batches:
+                    yield batch
+                    if self._body.busy:  # timed by self._body.timed, which wraps this generator
+                        break
+                else:
+                    return
+                if self._helper_pays():  # the batches started here end here, the steps not taken go to the helper
+                    tap.cut = True
+                    yield from batches
+                    return
+        # ``first`` was read early: the consumer was busy (see NOTE [next epoch's first batch])
+        at_end = partial(self._read_next_epoch_start, tap)
+        for batch in read_on_thread(batches, self.prefetch_factor, at_end, first):
+            yield batch
+            if not tap.cut and self._helper_pays():  # the thread reads what it started, then ends
+                tap.cut = True
 
-    def _read_next_epoch_start(self):
+    def _read_next_epoch_start(self, tap):
         """On the read-ahead thread, after the last batch: read the next epoch's first batch.
 
         NOTE [next epoch's first batch]: the first batch of an epoch cannot be
@@ -600,7 +620,7 @@ class BatchLoader(Resumable):
         start). If the next epoch is then changed to another one
         (``set_epoch``), the batch is dropped and the epoch read anew.
         """
-        if not isinstance(self.sampler, EpochSampler) or not self._body.busy:  # not busy: read inline
+        if not isinstance(self.sampler, EpochSampler) or not self._body.busy or tap.cut:  # not busy: read inline
             return
         epoch = self.sampler.epoch
         indices = iter(self.sampler.batches(epoch))

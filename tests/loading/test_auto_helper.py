@@ -112,3 +112,33 @@ def test_a_resumed_loop_gets_the_rest_of_the_epoch_after_the_move(packed_files):
 def test_helper_process_is_true_false_or_auto(packed_files):
     with pytest.raises(OptionError, match="helper_process should be True, False or 'auto', got 'yes'"):
         make_loader(open_dataset(packed_files("hdf5", "raw")), 2, helper_process="yes")
+
+
+def test_a_loop_that_stops_computing_gets_its_batches_read_here_again(packed_files, monkeypatch):
+    monkeypatch.setattr(loader_module, "MAX_GROUP", 2)
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    expected = [tuple(t.clone() for t in b) for b in make_loader(dataset, 1, shuffle=True, seed=6)]
+    with make_loader(dataset, 1, shuffle=True, seed=6) as loader:  # 24 batches
+        got, sources = [], []
+        for step, batch in enumerate(loader):
+            sources.append(from_helper(loader, batch[0]))
+            got.append(tuple(tensor.clone() for tensor in batch))
+            (compute if step < 10 else wait)()
+        assert same_batches(got, expected)
+        moved = sources.index(True)
+        back = moved + sources[moved:].index(False)
+        assert not any(sources[back:])  # the loop waits from step 10: once back here, it stays here
+        assert loader.auto_helper._process.is_alive()
+
+
+def test_a_loop_that_starts_computing_while_a_thread_reads_ahead_moves_to_the_helper(packed_files):
+    dataset = open_dataset(packed_files("arrow", "jpeg"))
+    expected = [tuple(t.clone() for t in b) for b in make_loader(dataset, 1, shuffle=True, seed=7)]
+    with make_loader(dataset, 1, shuffle=True, seed=7) as loader:  # 24 batches
+        got, sources = [], []
+        for step, batch in enumerate(loader):
+            sources.append(from_helper(loader, batch[0]))
+            got.append(tuple(tensor.clone() for tensor in batch))
+            (wait if step < 8 else compute)()  # waits: read ahead on a thread here; then computes
+        assert same_batches(got, expected)
+        assert sources == sorted(sources) and not any(sources[:8]) and sources[-1]
