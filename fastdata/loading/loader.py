@@ -221,7 +221,7 @@ def make_loader(
         if helper_process is True:
             helper = _helper(dataset, sampler, options, pipeline, prefetch_factor, multiprocessing_context,
                              usable_cpus())
-        elif helper_process == "auto" and _helper_can_read(dataset):  # see NOTE [auto helper]
+        elif helper_process == "auto" and _reads_plainly(dataset):  # see NOTE [auto helper]
             auto_helper = partial(_helper, dataset, sampler, options, pipeline, prefetch_factor,
                                   multiprocessing_context, max(1, usable_cpus() - 1))
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
@@ -337,8 +337,8 @@ def _helper(dataset, sampler, options, pipeline, prefetch_factor, context, threa
                          batch_bytes=_batch_bytes(dataset, sampler, options, pipeline) or 0, context=context)
 
 
-def _helper_can_read(dataset):
-    """Whether an auto helper may read ``dataset``: local files, read as fastdata reads them (no override)."""
+def _reads_plainly(dataset):
+    """Whether ``dataset`` is a PackedDataset of local files read as fastdata reads them (no override)."""
     return (isinstance(dataset, PackedDataset) and not dataset.is_remote
             and type(dataset).read_batch is PackedDataset.read_batch
             and type(dataset).start_batch is PackedDataset.start_batch)
@@ -667,8 +667,8 @@ def _tuned_settings(dataset, prefetch_factor):
 
 def _read_group(dataset, sampler, batch_size):
     """Return how many batches of ``sampler`` are read as one: see NOTE [grouped reads]."""
-    if (batch_size is None or getattr(sampler, "readahead", None) is not None or not _pipelines_reads(dataset, None)
-            or type(dataset).start_batch is not PackedDataset.start_batch or dataset.is_remote):
+    if (batch_size is None or getattr(sampler, "readahead", None) is not None or not _reads_plainly(dataset)
+            or not dataset.copies_in_background):
         return 1
     return max(1, min(MAX_GROUP, GROUP_BYTES // dataset.max_batch_bytes(batch_size)))
 
