@@ -17,11 +17,13 @@ MODULES = sorted(info.name for info in pkgutil.walk_packages(fastdata.__path__, 
 
 # package -> what importing any of its modules must never load
 FORBIDDEN = {
-    "fastdata.formats": ("torch", "fastdata.codecs", "fastdata.converters", "fastdata.loading", "fastdata.measure"),
-    "fastdata.codecs": ("torch", "fastdata.converters", "fastdata.loading", "fastdata.measure"),
-    "fastdata.converters": ("torch", "fastdata.loading", "fastdata.measure"),
-    "fastdata.storage": ("torch", "fsspec", "fastdata.codecs", "fastdata.converters", "fastdata.loading",
+    "fastdata.formats": ("torch", "fastdata.codecs", "fastdata.converters", "fastdata.reading", "fastdata.loading",
                          "fastdata.measure"),
+    "fastdata.codecs": ("torch", "fastdata.converters", "fastdata.reading", "fastdata.loading", "fastdata.measure"),
+    "fastdata.converters": ("torch", "fastdata.loading", "fastdata.measure"),
+    "fastdata.storage": ("torch", "fsspec", "fastdata.codecs", "fastdata.converters", "fastdata.reading",
+                         "fastdata.loading", "fastdata.measure"),
+    "fastdata.reading": ("torch", "fastdata.loading", "fastdata.converters", "fastdata.measure"),
     "fastdata.loading": ("fastdata.converters", "fastdata.measure"),
     "fastdata.errors": ("torch", "numpy", "fastdata.formats"),
     "fastdata._cpu": ("torch", "numpy"),

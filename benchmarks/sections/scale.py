@@ -312,7 +312,7 @@ def measure_loader(args):
 
     Also the batches it read by each path (``dataset.read_paths()``) and the
     FastPathWarnings given: see NOTE [no silent fallbacks] in
-    fastdata/loading/readpaths.py.
+    fastdata/reading/readpaths.py.
     """
     from fastdata import make_loader, open_dataset
     from fastdata.errors import FastPathWarning
@@ -510,7 +510,7 @@ def measure_order(args):
     import tracemalloc
 
     from fastdata import make_loader
-    from fastdata.loading.order import EpochOrder
+    from fastdata.reading.order import EpochOrder
 
     dataset, shuffle = IndexDataset(args["num_samples"]), args["shuffle"]
     options = {"shuffle": shuffle, "seed": 0, **(BLOCK if shuffle == "block" else {})}
@@ -679,11 +679,11 @@ CACHE_NOTE = (
     "Resident after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
     "memory.max_usage_in_bytes. Block order: a window of raw rows (HDF5 or Arrow) is read whole with O_DIRECT "
     "into the loader's memory, a task per shard, the next while batches are taken from the current one (NOTE "
-    "[window reads] in fastdata/loading/windows.py); jpeg rows through the memory map with kernel hints (NOTE "
-    "[window hints] in fastdata/loading/readahead.py). Read paths: the batches the row's process read by each "
+    "[window reads] in fastdata/reading/windows.py); jpeg rows through the memory map with kernel hints (NOTE "
+    "[window hints] in fastdata/reading/readahead.py). Read paths: the batches the row's process read by each "
     "path, of all it read (dataset.read_paths(): windows read whole, stitched rows, a take per shard, one "
     "file), with any FastPathWarning below the table (NOTE [no silent fallbacks] in "
-    "fastdata/loading/readpaths.py). The 224 px jpeg rows are compared with the same loader over the "
+    "fastdata/reading/readpaths.py). The 224 px jpeg rows are compared with the same loader over the "
     "same files, read whole into the page cache first, outside the cgroup (NOTE [cached baseline]).")
 DDP_NOTE = (
     "DDP: torch.multiprocessing spawn, gloo on 127.0.0.1, global batch {batch} (batch_size {batch} / world "

@@ -27,7 +27,7 @@ the output folder's disk use and the process tree's RSS, every 50 ms.
    timed in turn in one process (the targets are medians of per-round
    ratios); beside them, the same copy in halves on 2 threads, which the
    loader's copy may use (NOTE [copy on two cores] in
-   fastdata/loading/rowcopy.py).
+   fastdata/reading/rowcopy.py).
 5. Sample sizes: one .h5 file of raw samples at each of 32, 64, 128 and
    224 px (3, 12, 48 and 147 KiB a sample): 64 px the file of 4., 128 and
    224 px converted from the small source, 32 px from a third source of
@@ -35,7 +35,7 @@ the output folder's disk use and the process tree's RSS, every 50 ms.
    epoch outgrows the 36 MiB L3 cache. On each, make_loader (defaults)
    against a plain batched memmap read (np.take into a fresh array) and the
    memcpy limit, timed in turn as in 4; targets LOAD_VS_READ and
-   LOAD_VS_COPY (NOTE [copy on two cores] in fastdata/loading/rowcopy.py).
+   LOAD_VS_COPY (NOTE [copy on two cores] in fastdata/reading/rowcopy.py).
 6. Peers: LitData's ``optimize`` on the same decode+resize (Mosaic
    Streaming's MDSWriter: a row saying why it is not measured).
 """

@@ -61,7 +61,7 @@ LATENCIES = (0.02, 0.05)  # seconds the proxy adds before each response
 BANDWIDTH = 100e6  # bytes/s of response bodies through one proxy, all connections together
 MIN_SHARDS = 16
 SHARDS = 64  # shards a folder is cut into (at least MIN_SHARDS); see NOTE [window and first batch]
-WORKING_SET_SHARDS = 16  # twice the working set: two default windows (WINDOW_SHARDS, fastdata/loading/remote.py)
+WORKING_SET_SHARDS = 16  # twice the working set: two default windows (WINDOW_SHARDS, fastdata/reading/remote.py)
 CACHE_SHARDS = (2, 4, 8, WORKING_SET_SHARDS)  # cache limits, in largest shards per reader
 VS_UNBOUNDED = 0.95  # the issue's "a cache of 2x the working set costs under 5% of throughput"
 LIMIT_KIND, LIMIT_LATENCY = "jpeg", 0.02  # the cache-limit rows
@@ -135,7 +135,7 @@ def run(config, fresh):
 
 # NOTE [window and first batch]: a remote folder's default order is a block
 # shuffle whose window holds several shards (WINDOW_SHARDS in
-# fastdata/loading/remote.py: 16 when this section was written, 8 since),
+# fastdata/reading/remote.py: 16 when this section was written, 8 since),
 # and every batch of a window mixes all of them, so the first batch waits
 # for a window's shards. The first version of this section had 2,000
 # images in 20 shards: its first batch fetched 16 of them (0.43 s), and
@@ -277,7 +277,7 @@ def link_rate(url, storage_options):
     """Return bytes/s of fetching every shard of ``url`` on the prefetcher's number of threads."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from fastdata.loading.remote import PREFETCH_THREADS
+    from fastdata.reading.remote import PREFETCH_THREADS
     from fastdata.storage.urls import filesystem, join, read_remote_index
 
     index = read_remote_index(url, storage_options)

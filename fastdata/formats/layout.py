@@ -50,8 +50,8 @@ CHECKSUM_CHUNK_BYTES = 256 << 10
 
 # NOTE [aligned columns]: the readers that reach the disk's rate lay a
 # folder's sample columns side by side, in address space (NOTE [stitched
-# rows] in loading/stitch.py, page maps) or in a buffer filled with direct
-# I/O (NOTE [window reads] in loading/windows.py, 512 or 4,096 byte
+# rows] in reading/stitch.py, page maps) or in a buffer filled with direct
+# I/O (NOTE [window reads] in reading/windows.py, 512 or 4,096 byte
 # blocks), and both work in whole pages or blocks. Unaligned, a column's
 # offset followed the length of the headers before it: in a 64 px folder
 # written before the columns were aligned, shard 0's pixels began at byte
@@ -65,7 +65,7 @@ CHECKSUM_CHUNK_BYTES = 256 << 10
 COLUMN_ALIGNMENT = 4096
 
 
-@dataclass(frozen=True, eq=False)  # compared by identity: `None in opened` in shards.py is one C call per shard
+@dataclass(frozen=True, eq=False)  # compared by identity: `None in opened` in reading/store.py is one C call per shard
 class Columns:
     """The arrays of a packed file, as numpy arrays or memory maps.
 

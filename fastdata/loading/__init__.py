@@ -1,1 +1,1 @@
-"""Packed files -> torch batches: datasets, decoders, samplers, the loader, its read-ahead and worker transport."""
+"""Numpy rows -> torch batches: datasets, decoders, samplers, the loader, its workers and device feeding."""

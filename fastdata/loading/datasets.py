@@ -9,7 +9,7 @@ offsets, pixels) lives in numpy arrays over the memory map, never in Python
 lists or dicts, so workers do not copy pages by touching refcounts and their
 memory stays flat over an epoch. A shard folder keeps its index (shard names,
 int64 sample starts and sizes) and opens each shard on first touch, a bounded
-number at a time (NOTE [open shards] in shards.py); its labels and lengths
+number at a time (NOTE [open shards] in store.py); its labels and lengths
 are int64 arrays concatenated from the shards on first ask.
 
 NOTE [fingerprint]: a packed file is immutable while it is read. The
@@ -26,7 +26,7 @@ check costs 2.8 us (os.stat 2.3 us), against 60-120 us for a read_batch of
 an item read alone takes ~10 us, so ds[i] pays ~25%, while DataLoader reads
 through __getitems__ with one check per batch. The checks live in
 ShardStore, which holds one file as a single shard; the shards of a folder
-are compared less often (NOTE [shard fingerprint] in shards.py).
+are compared less often (NOTE [shard fingerprint] in store.py).
 """
 
 import functools
@@ -46,10 +46,10 @@ from fastdata.formats.hdf5 import read_hdf5
 from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.loading.decoders import decoder_for
 from fastdata.loading.huggingface import to_hf
-from fastdata.loading.readahead import check_pattern
-from fastdata.loading.remote import open_remote_store
-from fastdata.loading.shards import ShardStore
-from fastdata.loading.windows import WindowReads
+from fastdata.reading.readahead import check_pattern
+from fastdata.reading.remote import open_remote_store
+from fastdata.reading.store import ShardStore
+from fastdata.reading.windows import WindowReads
 from fastdata.storage.urls import is_url, read_remote_index
 
 
@@ -272,7 +272,7 @@ class PackedDataset(Dataset):
             raise
         try:
             finish_samples = self._open().start_parts(parts, pin_memory, **options)
-            labels = parts.labels()  # read before the release (NOTE [steady batches] in shards.py)
+            labels = parts.labels()  # read before the release (NOTE [steady batches] in store.py)
         except BaseException:
             parts.release()
             self._store.leave()

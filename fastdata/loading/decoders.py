@@ -2,8 +2,6 @@
 
 import abc
 import itertools
-import sys
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -15,117 +13,9 @@ from torch.utils.data import get_worker_info
 from fastdata._cpu import usable_cpus
 from fastdata.codecs.images import decode_jpeg, decode_jpeg_resized_crop, jpeg_decoder_into, jpeg_size
 from fastdata.errors import FormatError
-from fastdata.formats import Columns
-from fastdata.loading.gather import address, gather_int64, row_positions
-from fastdata.loading.rowcopy import RowCopier
-
-
-class Part(NamedTuple):
-    """The rows of one file in a batch: ``indices`` (int64, checked, in range) of ``columns``, read from ``path``."""
-
-    columns: Columns
-    indices: np.ndarray
-    path: str
-
-
-class Parts(Sequence):
-    """The rows of a batch grouped by the file holding them: a sequence of Part, made only when asked for.
-
-    Batch rows ``bounds[j]:bounds[j + 1]`` are rows ``indices[bounds[j]:bounds[j + 1]]``
-    of ``columns[j]``, read from ``paths[j]``.
-
-    NOTE [parts without objects]: a shuffled batch of 256 from a folder of
-    ~32 shards has a part per shard. Making a Part (0.6 us) and a labels
-    gather per part, then concatenating, cost about a tenth of the read rate;
-    the raw decoder runs one loop over (columns, bounds) into one
-    preallocated array, and ``labels`` gathers every part's labels in one
-    call (see NOTE [address-space gather] in gather.py) from the address of
-    each part's label column (``label_bases``, int64 ``[P]``: kept by the
-    shard store, or taken from the columns).
-    """
-
-    __slots__ = ("_columns", "_indices", "_bounds", "_paths", "_label_bases", "_label_positions", "_expand",
-                 "num_rows", "stitched", "_release")
-
-    def __init__(self, columns, indices, bounds, paths, label_bases=None):
-        self._columns, self._indices, self._bounds, self._paths = columns, indices, bounds, paths
-        self._label_bases, self._label_positions, self._expand = label_bases, None, None
-        self.num_rows = bounds[-1]
-        self.stitched, self._release = None, None  # see hold()
-
-    @classmethod
-    def of_stitched_rows(cls, view, rows, label_positions, expand, release):
-        """Return the Parts of a batch that is one take of ``view[rows]``, its labels at ``label_positions``.
-
-        Its columns, indices, bounds and paths are ``expand()`` (a tuple of the four), made only
-        when asked for (see NOTE [steady batches] in shards.py); ``release`` as for ``hold``.
-        """
-        parts = cls.__new__(cls)
-        parts._label_bases, parts._label_positions, parts._expand = None, label_positions, expand
-        parts.num_rows, parts.stitched, parts._release = len(rows), (view, rows), release
-        return parts
-
-    def _expanded(self):
-        if self._expand is not None:
-            self._columns, self._indices, self._bounds, self._paths = self._expand()
-            self._expand = None
-        return self
-
-    columns = property(lambda self: self._expanded()._columns)
-    indices = property(lambda self: self._expanded()._indices)
-    bounds = property(lambda self: self._expanded()._bounds)
-    paths = property(lambda self: self._expanded()._paths)
-
-    def hold(self, release, stitched=None):
-        """Keep the rows mapped until ``release()`` (see NOTE [stitched rows] in stitch.py).
-
-        ``stitched``: ``(view, rows)`` where batch row ``i`` is also ``view[rows[i]]``, or None.
-        """
-        self.stitched, self._release = stitched, release
-
-    def release(self):
-        """Let the stitched rows go (after the batch is read); a no-op without them, or the second time."""
-        release, self._release, self.stitched = self._release, None, None
-        if release is not None:
-            release()
-
-    @classmethod
-    def of(cls, parts):
-        """Return ``parts`` (Parts, or any sequence of Part) as Parts."""
-        if isinstance(parts, Parts):
-            return parts
-        indices = np.concatenate([np.empty(0, np.int64)] + [np.asarray(part.indices, np.int64) for part in parts])
-        bounds = np.cumsum([0] + [len(part.indices) for part in parts]).tolist()
-        return cls([part.columns for part in parts], indices, bounds, [part.path for part in parts])
-
-    def __len__(self):
-        return len(self.columns)
-
-    def __getitem__(self, part):
-        part = range(len(self.columns))[part]
-        if isinstance(part, range):
-            return [self[j] for j in part]
-        return Part(self.columns[part], self.indices[self.bounds[part] : self.bounds[part + 1]], self.paths[part])
-
-    @property
-    def label_bases(self):
-        """int64 ``[P]``: the ``address`` of each part's labels (see gather.py)."""
-        if self._label_bases is None:
-            self._label_bases = label_bases(self.columns)
-        return self._label_bases
-
-    def labels(self):
-        """Return the int64 labels ``[B]`` of the batch's rows; call it before ``release``."""
-        if self._label_positions is not None:  # one address per row, from the store
-            return gather_int64(self._label_positions)
-        if len(self.columns) == 1:  # one file: a take costs a third of the gather's address arithmetic
-            return self.columns[0].labels.take(self.indices, mode="clip")
-        return gather_int64(row_positions(self.label_bases, self.bounds, self.indices, 8))
-
-
-def label_bases(columns):
-    """Return int64 ``[P]``: the ``address`` of the label column of each of ``columns``."""
-    return np.array([address(c.labels) for c in columns], np.int64)
+from fastdata.reading.buffers import BufferPool
+from fastdata.reading.parts import Part, Parts
+from fastdata.reading.rowcopy import RowCopier
 
 
 class Decoder(abc.ABC):
@@ -237,37 +127,6 @@ class RawImageDecoder(_ImageDecoder):
             return (images.pin_memory() if pin_memory else images,)
 
         return finish
-
-
-class BufferPool:
-    """Batch arrays reused once nobody holds them any more.
-
-    NOTE [buffer reuse]: a fresh multi-megabyte array per batch, while the
-    caller still holds the previous batch, costs a page fault per 4 KiB
-    (measured: 0.4M img/s at 64x64 against 1.5M for a copy into a warm
-    buffer). A buffer is reused only when its reference count shows that no
-    tensor, view or array made from it is alive, so a batch the caller keeps
-    is never overwritten. Pinned batches are copies and are not pooled.
-    """
-
-    _FREE_REFS = 3  # the pool's list, the loop variable, getrefcount's argument
-
-    def __init__(self, size=8):
-        self._size = size
-        self._arrays = []
-        self._lock = threading.Lock()
-
-    def take(self, shape, dtype):
-        """Return an array of ``shape`` and ``dtype`` that nobody else references."""
-        with self._lock:
-            for array in self._arrays:
-                if len(array) >= shape[0] and array.shape[1:] == shape[1:] and array.dtype == dtype:
-                    if sys.getrefcount(array) == self._FREE_REFS:
-                        return array[: shape[0]]
-            array = np.empty(shape, dtype)
-            if len(self._arrays) < self._size:
-                self._arrays.append(array)
-            return array
 
 
 class ResizedCrop(NamedTuple):

@@ -30,20 +30,20 @@ import torch.distributed as dist
 
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
-from fastdata.loading import rowcopy
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.helper import HelperProcess
-from fastdata.loading.order import SHUFFLES
 from fastdata.loading.overlap import LoopBody, read_on_thread
-from fastdata.loading.readahead import ReadAhead
 from fastdata.loading.recommendation import read_recommendation
-from fastdata.loading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
 from fastdata.loading.samplers import BatchIndexSampler, EpochSampler, resolve_rank
-from fastdata.loading.shuffles import block_settings, choose_shuffle
 from fastdata.loading.state import Resumable, Steps
 from fastdata.loading.transport import SharedSlots
 from fastdata.loading.workers import WorkerLoader, worker_loader
+from fastdata.reading import rowcopy
+from fastdata.reading.order import SHUFFLES
+from fastdata.reading.readahead import ReadAhead
+from fastdata.reading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
+from fastdata.reading.shuffles import block_settings, choose_shuffle
 
 GROUP_BYTES = 2 * rowcopy.PARALLEL_BYTES  # small batches are read this many bytes at a time: NOTE [grouped reads]
 MAX_GROUP = 16  # batches in one read at most

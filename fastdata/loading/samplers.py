@@ -44,7 +44,7 @@ import numpy as np
 import torch.distributed as dist
 
 from fastdata.errors import OptionError
-from fastdata.loading.order import EpochOrder, check_positive
+from fastdata.reading.order import EpochOrder, check_positive
 
 _CHUNK_SAMPLES = 16384  # positions computed per order.samples call (see NOTE [chunked order])
 _CHUNK_STEPS = 64

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from fastdata.loading.decoders import BufferPool
+from fastdata.reading.buffers import BufferPool
 
 _WAIT_SECONDS = 5.0  # then give up on slots for this batch and return it as is
 _ALIGN = 64  # each tensor starts on a cache line, so any dtype view is aligned

@@ -150,7 +150,7 @@ class WorkerLoader(Resumable):
 # NOTE [worker bus error]: a worker reads its files through memory maps,
 # and a file truncated under a map kills the reader with SIGBUS on its next
 # touch past the new end. A worker's own check (NOTE [shard fingerprint] in
-# shards.py) catches the change only where it runs before that touch: a
+# reading/store.py) catches the change only where it runs before that touch: a
 # JPEG .h5 (1.9 MB) truncated to half 0.5-1.2 s into reading with 2 workers
 # gave torch's "DataLoader worker ... killed by signal: Bus error ... out
 # of shared memory" or "... exited unexpectedly" in 4 of 8 trials (a raw

@@ -57,7 +57,7 @@ class ProfileReport:
             the loop), by the way they were read (``dataset.read_paths()``: "windows", "stitched", "by shard",
             "one file"); None where the loader has workers (they count their own) or is not fastdata's.
         fallbacks: what was warned about the fast paths that could not apply (FastPathWarning), in this
-            process; see NOTE [no silent fallbacks] in fastdata/loading/readpaths.py.
+            process; see NOTE [no silent fallbacks] in fastdata/reading/readpaths.py.
     """
 
     batches: int

@@ -56,7 +56,7 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #   shard: NOTE [no waiting on readers].
 # NOTE [no waiting on readers]: a reader holds the shards it has open; those of the batch it reads, and
 # those it read last until it opens another (a store of a short cache closes its idle shards then:
-# NOTE [cache room] in loading/remote.py). An idle reader (a DataLoader worker that made its batches
+# NOTE [cache room] in reading/remote.py). An idle reader (a DataLoader worker that made its batches
 # ahead, another training between steps) never releases, and nothing of another process can ask it to,
 # so a fetch that waited for room waited on readers that were waiting too: a 3-shard limit with 2
 # workers read 300 samples in 33-61 s, two processes sharing it in 31 s each, two processes of 2 workers
@@ -86,7 +86,7 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # counts these). Before, a shard corrupted in place, or replaced by another shard of the same size between
 # two runs, was read back as wrong pixels. The LRU stamp moved from the shard's mtime to the record's, so
 # that using a shard does not change its fingerprint (and a store compares an open copy's mtime: NOTE
-# [cached shards] in loading/shards.py). A folder cached before records were kept has none: each of its
+# [cached shards] in reading/store.py). A folder cached before records were kept has none: each of its
 # shards is read back once, by the first fetch, and recorded.
 # NOTE [cost of verifying]: measured on 2 busy cores (load 6-8) through a file:// URL, 2,000 64 px raw images in
 # 32 shards of 786 KB, 2 x 3 rounds alternating with the tree before (/tmp/p27/bench_cache.py): downloads

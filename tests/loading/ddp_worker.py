@@ -38,7 +38,7 @@ import torch.distributed as dist
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FastdataError
 from fastdata.loading.samplers import BucketBatchSampler
-from fastdata.loading.shuffles import choose_shuffle
+from fastdata.reading.shuffles import choose_shuffle
 
 
 def make_rank_loader(dataset, spec):

@@ -9,16 +9,16 @@ import torch
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
 from fastdata.formats.shards import read_index
-from fastdata.loading import rowcopy
 from fastdata.loading.decoders import (
     DECODERS,
     Decoder,
     JpegImageDecoder,
-    Part,
     RawImageDecoder,
     TokenDecoder,
     decoder_for,
 )
+from fastdata.reading import rowcopy
+from fastdata.reading.parts import Part
 
 
 class DecoderContract:

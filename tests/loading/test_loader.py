@@ -26,12 +26,12 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
-from fastdata.loading import rowcopy
 from fastdata.loading.loader import BatchLoader
-from fastdata.loading.readahead import ReadAhead
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
-from fastdata.loading.shuffles import block_settings
 from fastdata.loading.workers import worker_pids
+from fastdata.reading import rowcopy
+from fastdata.reading.readahead import ReadAhead
+from fastdata.reading.shuffles import block_settings
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show
@@ -752,7 +752,7 @@ def test_sampler_rejects_bad_rank_and_order_options(kwargs, match):
 
 
 class RecordingReadAhead:
-    """Records the sampler's calls, as fastdata.loading.readahead.ReadAhead receives them."""
+    """Records the sampler's calls, as fastdata.reading.readahead.ReadAhead receives them."""
 
     def __init__(self):
         self.calls = []
@@ -818,7 +818,7 @@ def test_shuffle_true_reads_in_blocks_with_hints_where_the_dataset_cannot_stay_c
     # see NOTE [auto shuffle] and NOTE [hints past the cache]: shuffles.choose_shuffle decides on available memory
     cached = make_loader(small, 4, shuffle=True)
     assert cached.sampler.shuffle == "uniform" and cached.sampler.readahead is None
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (small.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (small.nbytes // 2, "test"))
     loader = make_loader(small, 4, shuffle=True)
     assert loader.sampler.shuffle == "block"
     assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(small)

@@ -17,8 +17,8 @@ import torch
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FormatError, NotFoundError, OptionError
-from fastdata.loading import rowcopy
-from fastdata.loading.remote import ShardReadAhead
+from fastdata.reading import rowcopy
+from fastdata.reading.remote import ShardReadAhead
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")  # aiohttp sessions of s3fs closed at exit
 
@@ -282,7 +282,7 @@ class RecordingPrefetcher:
 @pytest.mark.parametrize("shuffle", ["block", "uniform", "none"])
 def test_the_read_ahead_asks_for_each_steps_shards_before_it_is_read(many_shards, s3_server, tmp_path, monkeypatch,
                                                                     shuffle):
-    monkeypatch.setattr("fastdata.loading.remote.Prefetcher", RecordingPrefetcher)
+    monkeypatch.setattr("fastdata.reading.remote.Prefetcher", RecordingPrefetcher)
     remote = open_remote(many_shards[1], s3_server, tmp_path, cache_limit=6 * int(max(
         open_dataset(many_shards[0])._store.index.sizes)))
     loader = make_loader(remote, 4, shuffle=shuffle, rank=1, world_size=2, seed=3)
@@ -308,7 +308,7 @@ def test_an_epoch_with_every_shard_cached_fetches_nothing_ahead_until_a_shard_go
         loader = make_loader(remote, 4, shuffle=shuffle, seed=5)
         first = list(loader)  # fetches every shard into a cache that holds them all
         assert len(cached_files(tmp_path)) == local.num_shards
-        monkeypatch.setattr("fastdata.loading.remote.Prefetcher", RecordingPrefetcher)
+        monkeypatch.setattr("fastdata.reading.remote.Prefetcher", RecordingPrefetcher)
         RecordingPrefetcher.made.clear()
         loader.sampler.readahead.close()  # the next epoch makes its prefetcher anew: a RecordingPrefetcher
         requests = proxy.requests

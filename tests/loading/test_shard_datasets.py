@@ -16,8 +16,8 @@ from support import column_regions, overwrite, start_methods, truncate_elsewhere
 from fastdata import ArrowDataset, HDF5Dataset, make_loader, open_dataset
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.shards import INDEX_NAME, read_index
-from fastdata.loading import rowcopy
 from fastdata.loading.samplers import BatchIndexSampler
+from fastdata.reading import rowcopy
 
 CLASSES = {"hdf5": HDF5Dataset, "arrow": ArrowDataset}
 FILE_KEYS = ("checksums", "format", "format_version")

@@ -46,7 +46,7 @@ ranks on a machine, each would read every window whole, where the page
 cache shares one read (so those keep the hints), and only files of
 fixed-size rows (raw images, HDF5 or Arrow), whose columns are plain byte
 ranges of the file. Before its reads, every shard is compared with the fingerprint
-taken when the store checked it (NOTE [shard fingerprint] in shards.py),
+taken when the store checked it (NOTE [shard fingerprint] in store.py),
 through the descriptor it is read from.
 """
 
@@ -61,8 +61,8 @@ from functools import partial
 import numpy as np
 
 from fastdata.errors import FormatError
-from fastdata.loading.decoders import Parts
-from fastdata.loading.readpaths import BY_SHARD
+from fastdata.reading.parts import Parts
+from fastdata.reading.readpaths import BY_SHARD
 
 ALIGNMENTS = (512, 4096)  # direct I/O alignments tried, least first; see NOTE [window reads]
 READ_THREADS = 32  # shards of a window read at once

@@ -58,7 +58,7 @@ import weakref
 import numpy as np
 
 from fastdata.errors import OptionError
-from fastdata.loading.shuffles import choose_shuffle
+from fastdata.reading.shuffles import choose_shuffle
 
 PAGE = mmap.PAGESIZE
 _ADVICE = {"normal": 0, "random": 1}  # MADV_NORMAL, MADV_RANDOM

@@ -15,10 +15,10 @@ from fastdata import convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import FastPathWarning, FormatError
 from fastdata.formats import column_offsets
 from fastdata.formats.layout import COLUMN_ALIGNMENT
-from fastdata.loading.order import EpochOrder
-from fastdata.loading.readahead import ReadAhead
-from fastdata.loading.windows import MAX_SLACK, WindowReads, direct_alignment, place_runs
 from fastdata.measure.synthetic import make_imagefolder
+from fastdata.reading.order import EpochOrder
+from fastdata.reading.readahead import ReadAhead
+from fastdata.reading.windows import MAX_SLACK, WindowReads, direct_alignment, place_runs
 
 NUM_CLASSES, PER_CLASS = 5, 40  # 200 photos of varied sizes, modes and formats
 
@@ -101,7 +101,7 @@ def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_co
 def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders, monkeypatch):
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
     assert isinstance(loader.sampler.readahead.windows, WindowReads)
     for epoch in range(2):
@@ -125,7 +125,7 @@ def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders
 def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
     path = packed_files("hdf5", "raw")
     dataset = open_dataset(path)
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 5, shuffle=True, block_size=2, window=4, seed=1)
     reads = loader.sampler.readahead.windows
     assert isinstance(reads, WindowReads) and dataset.num_shards == 1
@@ -142,7 +142,7 @@ def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders,
     # letting each go while it is still being read: a slot reused then took a late label write (a bug, found so).
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
     with warnings.catch_warnings():  # the batches outside the windows the walk left are read from the files, said so
         warnings.filterwarnings("ignore", "a batch .* lies outside the block order's windows", FastPathWarning)
@@ -154,7 +154,7 @@ def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders,
 
 def test_workers_ranks_and_a_uniform_order_keep_the_hints(folders, monkeypatch):
     dataset = open_dataset(folders[32])
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     for options in ({"num_workers": 1}, {"rank": 0, "world_size": 2}, {"shuffle": "uniform"}):
         loader = make_loader(dataset, 8, **{"shuffle": True, **options})
         assert loader.sampler.readahead.windows is None, options
@@ -220,7 +220,7 @@ def test_every_batch_of_a_converted_folder_is_read_from_its_windows_without_a_wa
     folder = shard_converted(container, "raw")
     dataset = open_dataset(folder)
     assert {column_offsets(path)[0] % COLUMN_ALIGNMENT for path in dataset.shard_paths} == {0}  # NOTE [aligned columns]
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FastPathWarning)
         loader = make_loader(dataset, 8, shuffle=True, block_size=10, window=3, seed=2)
@@ -248,7 +248,7 @@ def test_shards_whose_columns_lie_apart_are_read_from_windows_moved_onto_rows_an
     dataset = open_dataset(unaligned)
     starts = [column_offsets(path)[0] for path in dataset.shard_paths]
     assert len(set(starts)) > 1 and starts[0] != starts[1] and len(set(starts[1:])) == 1  # as the issue found
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", FastPathWarning)
         loader = make_loader(dataset, 6, shuffle=True, block_size=4, window=3, seed=9)
@@ -279,7 +279,7 @@ def test_a_shard_whose_column_lies_apart_is_stitched_from_memory_and_said_once(u
 def test_jpeg_shards_keep_the_hints(shard_converted, monkeypatch):
     dataset = open_dataset(shard_converted("hdf5", "jpeg"))
     assert dataset.read_windows(block_order(dataset, 8, 4, 3)) is None and dataset._store.windows is None
-    monkeypatch.setattr("fastdata.loading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 8, shuffle=True)
     assert loader.sampler.shuffle == "block" and loader.sampler.readahead.windows is None
     assert sorted(i for _, labels in loader for i in labels.tolist()) == sorted(dataset.labels.tolist())

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastdata.loading import rowcopy
-from fastdata.loading.rowcopy import SHARES, Copy, RowCopier, _split
+from fastdata.reading import rowcopy
+from fastdata.reading.rowcopy import SHARES, Copy, RowCopier, _split
 
 THRESHOLD = rowcopy.PARALLEL_BYTES  # read before any_batch_on_threads lowers it
 

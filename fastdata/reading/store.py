@@ -37,7 +37,7 @@ truncated under a reader is thus reported within a second of reading it,
 where the window of one file is one batch. One file is a store of one shard,
 compared before every read.
 
-NOTE [cached shards]: a store of a URL (fastdata.loading.remote) has a
+NOTE [cached shards]: a store of a URL (fastdata.reading.remote) has a
 ``cache`` (fastdata.storage.ShardCache): a shard is opened from its local
 copy, fetched (verified against the index's size and crc32) on first touch
 unless a prefetcher has fetched it already, and held while open so that no
@@ -69,11 +69,11 @@ from fastdata.formats.shards import (
     shard_differences,
     shard_mismatch,
 )
-from fastdata.loading.decoders import Parts, label_bases
-from fastdata.loading.leases import Leases
-from fastdata.loading.readahead import advise_column, column_spans, hint_spans
-from fastdata.loading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
-from fastdata.loading.stitch import StitchedRows
+from fastdata.reading.leases import Leases
+from fastdata.reading.parts import Parts, label_bases
+from fastdata.reading.readahead import advise_column, column_spans, hint_spans
+from fastdata.reading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
+from fastdata.reading.stitch import StitchedRows
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]

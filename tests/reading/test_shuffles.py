@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from fastdata import open_dataset
-from fastdata.loading.shuffles import (
+from fastdata.reading.shuffles import (
     BLOCK_BYTES,
     CACHE_SHARE,
     WINDOW_BLOCKS,
@@ -45,7 +45,7 @@ def test_available_memory_is_bounded_by_the_cgroup_limit(tmp_path):
         with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
             f.write(str(300 << 20))
         code = ("import os, sys; open(sys.argv[1] + '/cgroup.procs', 'w').write(str(os.getpid())); "
-                "from fastdata.loading.shuffles import available_memory; print(*available_memory())")
+                "from fastdata.reading.shuffles import available_memory; print(*available_memory())")
         out = subprocess.run([sys.executable, "-c", code, group], capture_output=True, text=True, check=True).stdout
     finally:
         os.rmdir(group)

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastdata.errors import OptionError
-from fastdata.loading.order import EpochOrder, KeyedPermutation
+from fastdata.reading.order import EpochOrder, KeyedPermutation
 
 
 @given(size=st.integers(1, 5000), key=st.lists(st.integers(0, 2**32), min_size=1, max_size=3))

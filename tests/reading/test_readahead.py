@@ -17,8 +17,8 @@ from support import column_regions, private_copy, wait_for
 from fastdata import open_dataset
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
-from fastdata.loading.order import EpochOrder
-from fastdata.loading.readahead import HINT_THREADS, PAGE, ReadAhead, _page_spans, evict, resident_pages, runs
+from fastdata.reading.order import EpochOrder
+from fastdata.reading.readahead import HINT_THREADS, PAGE, ReadAhead, _page_spans, evict, resident_pages, runs
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and mincore are Linux calls")
 

@@ -35,7 +35,7 @@ import weakref
 import numpy as np
 
 from fastdata.errors import OptionError
-from fastdata.loading.shards import ShardStore
+from fastdata.reading.store import ShardStore
 from fastdata.storage.cache import ShardCache
 from fastdata.storage.prefetch import Prefetcher
 from fastdata.storage.urls import filesystem, read_remote_index

@@ -11,7 +11,7 @@ CACHE_SHARE = 0.8  # the share of available memory a dataset may fill and still 
 # 64 px raw, about 10 of 224 px JPEG), a window WINDOW_BLOCKS blocks: each
 # read is one sorted run of at least 64 pages, and a batch draws from 1,024
 # blocks, which kept >= 90% of a uniform shuffle's classes per batch on 100
-# classes (tests/loading/test_order.py). ReadAhead keeps the current window
+# classes (tests/reading/test_order.py). ReadAhead keeps the current window
 # and the next in the page cache, or a process reading alone in two slots
 # of its memory (NOTE [window reads] in windows.py): 2 x 256 MiB. Measured as in NOTE [read
 # ahead] (4.9 GB in a 1.5 GB cgroup): blocks of 64 KiB 14,800 img/s, 1.11x;

@@ -15,8 +15,8 @@ from support import start_methods
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FastPathWarning, FormatError
-from fastdata.loading.readpaths import ReadPaths
-from fastdata.loading.stitch import StitchedRows
+from fastdata.reading.readpaths import ReadPaths
+from fastdata.reading.stitch import StitchedRows
 
 
 def mapped_slots(dataset):

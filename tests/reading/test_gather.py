@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastdata.loading.gather import address, gather_int64, row_positions
+from fastdata.reading.gather import address, gather_int64, row_positions
 
 
 @settings(max_examples=50, deadline=None)

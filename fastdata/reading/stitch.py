@@ -40,7 +40,7 @@ import weakref
 import numpy as np
 
 from fastdata.formats import Columns, column_offsets
-from fastdata.loading.readpaths import BY_SHARD
+from fastdata.reading.readpaths import BY_SHARD
 
 PAGE = mmap.PAGESIZE
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000  # Linux values (x86-64 and arm64)
@@ -141,7 +141,7 @@ class StitchedRows:
         """Mark ``shard``'s slot for unmapping once no lease is held (its shard was closed).
 
         ``columns``, the closed shard's, stay referenced until then too: a batch in flight may read
-        its labels by address (NOTE [steady batches] in shards.py).
+        its labels by address (NOTE [steady batches] in store.py).
         """
         self._own()
         with self._lock:
