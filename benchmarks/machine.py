@@ -5,8 +5,6 @@ first use, see NOTE [light main] in sections/images.py). Process memory is read 
 fastdata.measure.memory (see NOTE [worker memory] there).
 """
 
-import ctypes
-import mmap
 import os
 import subprocess
 import sys
@@ -56,29 +54,15 @@ def cuda_device():
 
 def page_residency(path):
     """Return the fraction of ``path``'s pages in the page cache (mincore), or None where it cannot tell."""
+    from fastdata.reading.kernel import resident_pages
+
     size = os.path.getsize(path)
     if size == 0:
         return 1.0
     try:
-        return _mincore_fraction(path, size)
-    except (OSError, AttributeError, ValueError):
+        return float(resident_pages(path).mean())
+    except OSError:
         return _fincore_fraction(path, size)
-
-
-def _mincore_fraction(path, size):
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-    pages = -(-size // mmap.PAGESIZE)
-    vector = (ctypes.c_ubyte * pages)()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
-        first = ctypes.c_char.from_buffer(mapped)  # private (copy-on-write) so ctypes may view it; never written
-        try:
-            failed = libc.mincore(ctypes.addressof(first), size, vector) != 0
-        finally:
-            del first  # release the buffer before the mapping closes
-    if failed:
-        raise OSError(ctypes.get_errno(), f"mincore failed on {path!r}")
-    return sum(byte & 1 for byte in bytes(vector)) / pages
 
 
 def _fincore_fraction(path, size):

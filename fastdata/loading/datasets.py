@@ -46,7 +46,7 @@ from fastdata.formats.hdf5 import read_hdf5
 from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.loading.decoders import decoder_for
 from fastdata.loading.huggingface import to_hf
-from fastdata.reading.readahead import check_pattern
+from fastdata.reading.kernel import check_pattern
 from fastdata.reading.remote import open_remote_store
 from fastdata.reading.store import ShardStore
 from fastdata.reading.windows import WindowReads

@@ -34,7 +34,7 @@ kernel still walks the page cache for every range. Measured on 2 shared
 (busy) cores, 64 px raw, 256 resident rows: process_madvise(WILLNEED) of
 their 71-256 spans 67-190 us, the Python around it (spans per shard, pages
 merged) 150-250 us, against 570-640 us for order.batch + read_batch of the
-same step. So before asking, ``hint_spans`` probes _PROBES of the
+same step. So before asking, ``hint_spans`` probes HINT_PROBES of the
 spans with mincore and asks nothing when they are all cached; and a uniform
 ReadAhead whose rows were cached probes a few rows of a stretch of steps
 instead of computing them all, the stretch doubling up to QUIET_STEPS (64)
@@ -42,204 +42,24 @@ while it stays cached, back to every step's rows as soon as a probe misses.
 Over 300 steps of a cached 4.9 GB shard folder (100 shards, batches of
 256): advance() cost 25-44 us a step, against 965-1,411 us for the step.
 
-These are Linux calls made through ctypes; elsewhere (or on a kernel
-without them) every hint is a no-op and reads are plain page faults.
+The calls are Linux's, in kernel.py; elsewhere (or on a kernel without
+them) every hint is a no-op and reads are plain page faults.
 """
 
-import ctypes
-import ctypes.util
-import mmap
 import os
 import queue
-import sys
 import threading
 import weakref
 
 import numpy as np
 
-from fastdata.errors import OptionError
+from fastdata.reading.kernel import HINT_PROBES
 from fastdata.reading.shuffles import choose_shuffle
 
-PAGE = mmap.PAGESIZE
-_ADVICE = {"normal": 0, "random": 1}  # MADV_NORMAL, MADV_RANDOM
-_HINTS = {"will_need": 3, "done": 20, "drop": 21}  # MADV_WILLNEED, MADV_COLD, MADV_PAGEOUT
-_SYS_PROCESS_MADVISE = 440  # the same number on every architecture Linux added it to (5.10)
-_IOV_MAX = 1024  # ranges one process_madvise call takes (UIO_MAXIOV)
-_PROBES = 8  # ranges of a hint checked with mincore first; see NOTE [resident hints]
 QUIET_STEPS = 64  # the longest stretch of steps left unhinted while the data is resident; NOTE [resident hints]
 LOOKAHEAD = 4  # steps of a uniform order hinted ahead of the one read; see NOTE [read ahead]
 PENDING_HINTS = 64  # hints queued for the hint threads before the reader waits; see NOTE [hint thread]
 HINT_THREADS = 2  # threads giving one ReadAhead's hints; see NOTE [hint thread]
-
-
-def _load_libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    libc.syscall.restype = ctypes.c_long
-    return libc
-
-
-_LIBC = _load_libc()
-_PIDFD = {}  # pid -> a pidfd of this process, for process_madvise; False where the call is missing
-
-
-# ---------------------------------------------------------------- kernel calls
-
-
-def advise_column(samples: np.ndarray, pattern: str) -> None:
-    """Set the access ``pattern`` ("random" or "normal") on the pages of a mapped column ``samples``.
-
-    A no-op off Linux and for an empty column.
-    """
-    if _LIBC is None or not samples.nbytes:
-        return
-    start = samples.ctypes.data // PAGE * PAGE
-    stop = -(-(samples.ctypes.data + samples.nbytes) // PAGE) * PAGE
-    if _LIBC.madvise(start, stop - start, _ADVICE[pattern]):
-        raise OSError(ctypes.get_errno(), f"madvise({pattern}) failed on a mapped column")
-
-
-def hint_spans(starts: np.ndarray, stops: np.ndarray, hint: str = "will_need", give=None) -> bool:
-    """Give the kernel a ``hint`` about the mapped bytes at addresses ``[starts, stops)`` (uint64 ``[K]``).
-
-    "will_need": read them now, in the background; skipped when a sample of
-    them is all in the page cache already (see NOTE [resident hints]).
-    "done": they will not be read again soon; reclaim them before others
-    (MADV_COLD). "drop": reclaim them now (MADV_PAGEOUT). Both act on the
-    pages this process has mapped and no other (see NOTE [window hints]).
-    The ranges are widened to pages and merged first. ``give(call, *args)``
-    runs the kernel call (e.g. ``_HintThread.submit``), by default here.
-    Returns whether the kernel was asked; a no-op (False) off Linux.
-    """
-    if _LIBC is None or not len(starts):
-        return False
-    spans = _page_spans(starts, stops)
-    if hint == "will_need" and _resident(spans[np.linspace(0, len(spans) - 1, min(len(spans), _PROBES)).astype(int)]):
-        return False
-    if give is None:
-        _advise(spans, _HINTS[hint])
-    else:
-        give(_advise, spans, _HINTS[hint])
-    return True
-
-
-def _advise(spans, advice):
-    """Give ``advice`` (an MADV_ value) on the mapped ``spans`` (uint64 ``[K, 2]`` address, length)."""
-    pidfd = _pidfd()
-    for first in range(0, len(spans), _IOV_MAX):
-        chunk = spans[first:first + _IOV_MAX]
-        if pidfd is False or _LIBC.syscall(ctypes.c_long(_SYS_PROCESS_MADVISE), ctypes.c_int(pidfd),
-                                           ctypes.c_void_p(chunk.ctypes.data), ctypes.c_size_t(len(chunk)),
-                                           ctypes.c_int(advice), ctypes.c_uint(0)) < 0:
-            for address, length in chunk.tolist():  # an older kernel: one call per range
-                _LIBC.madvise(address, length, advice)
-
-
-def _resident(spans):
-    """Return whether every page of the mapped ``spans`` (uint64 ``[K, 2]`` address, length) is in the page cache."""
-    vector = np.zeros(int(spans[:, 1].max()) // PAGE, np.uint8)
-    for address, length in spans.tolist():
-        if _LIBC.mincore(address, length, vector.ctypes.data) or not (vector[:length // PAGE] & 1).all():
-            return False
-    return True
-
-
-def _page_spans(starts, stops):
-    """Return uint64 ``[K, 2]`` (address, length) of the pages under ``[starts, stops)``, sorted and merged."""
-    order = np.argsort(starts, kind="stable")
-    first = starts[order] // PAGE * PAGE
-    last = (stops[order] + (PAGE - 1)) // PAGE * PAGE
-    reach = np.maximum.accumulate(last)
-    new = np.ones(len(first), bool)
-    new[1:] = first[1:] > reach[:-1]  # a span that starts past every page before it opens a new run
-    heads = np.flatnonzero(new)
-    ends = np.append(heads[1:], len(first)) - 1
-    begin = first[heads]
-    return np.ascontiguousarray(np.stack([begin, reach[ends] - begin], axis=1), dtype=np.uint64)
-
-
-def _pidfd():
-    """Return a pidfd of this process for process_madvise, or False where the kernel has none."""
-    pid = os.getpid()
-    if pid not in _PIDFD:
-        try:
-            _PIDFD[pid] = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            _PIDFD[pid] = False
-    return _PIDFD[pid]
-
-
-def column_spans(samples: np.ndarray, offsets: np.ndarray | None, ranges: np.ndarray):
-    """Return the uint64 addresses ``(starts, stops)`` of rows ``[start, stop)`` of a mapped column.
-
-    Args:
-        samples: the column: ``[n, ...]`` fixed-size rows, or the flat values of ragged ones.
-        offsets: int64 ``[n + 1]`` value offsets of ragged rows, or None.
-        ranges: int64 ``[K, 2]`` row ranges of this column.
-    """
-    base = np.uint64(samples.ctypes.data)
-    if offsets is None:
-        unit = samples.strides[0] if samples.ndim else samples.itemsize
-        bounds = ranges * unit
-    else:
-        unit = samples.itemsize
-        bounds = np.asarray(offsets)[ranges] * unit
-    return base + bounds[:, 0].astype(np.uint64), base + bounds[:, 1].astype(np.uint64)
-
-
-def resident_pages(path: str | os.PathLike) -> np.ndarray:
-    """Return bool ``[pages]``: which pages of the file at ``path`` are in the page cache now (mincore).
-
-    Maps the file afresh (nothing is read). Linux only: raises OSError elsewhere.
-    """
-    size = os.path.getsize(path)
-    if _LIBC is None:
-        raise OSError("mincore needs Linux")
-    if not size:
-        return np.zeros(0, bool)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped:
-        view = np.frombuffer(mapped, np.uint8)
-        vector = np.zeros(-(-size // PAGE), np.uint8)
-        failed = _LIBC.mincore(view.ctypes.data, size, vector.ctypes.data)
-        del view  # the map cannot close while a view exports it
-    if failed:
-        raise OSError(ctypes.get_errno(), f"mincore failed on {os.fspath(path)!r}")
-    return (vector & 1).astype(bool)
-
-
-def resident_fraction(path: str | os.PathLike) -> float:
-    """Return the fraction of the file's pages that are in the page cache now (0.0 to 1.0; 1.0 for an empty file)."""
-    pages = resident_pages(path)
-    return float(pages.mean()) if len(pages) else 1.0
-
-
-def evict(path: str | os.PathLike) -> None:
-    """Drop the file's clean pages from the page cache (written back first); pages mapped by a process stay.
-
-    For tests and benchmarks: the next reads come from the disk. A no-op where posix_fadvise is missing.
-    """
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def check_pattern(pattern):
-    """Raise OptionError unless ``pattern`` is an access pattern ``advise`` takes."""
-    if pattern not in _ADVICE:
-        raise OptionError(f"pattern should be one of {', '.join(map(repr, _ADVICE))}; got pattern={pattern!r}")
-
-
-# ---------------------------------------------------------------- the order's next reads
 
 
 class ReadAhead:
@@ -298,7 +118,7 @@ class ReadAhead:
         """
         if self._quiet:
             stop = min(first + self._quiet, self.order.num_steps)
-            probes = np.unique(np.linspace(first, stop - 1, _PROBES).astype(np.int64)).tolist()
+            probes = np.unique(np.linspace(first, stop - 1, HINT_PROBES).astype(np.int64)).tolist()
             positions = [self.order.step_positions(step, self.rank, self.world_size)[0] for step in probes]
             if not self._will_need(positions):
                 self._hinted, self._quiet = stop, min(2 * self._quiet, QUIET_STEPS)

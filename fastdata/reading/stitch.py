@@ -31,8 +31,6 @@ last array viewing it goes away.
 """
 
 import ctypes
-import ctypes.util
-import mmap
 import os
 import threading
 import weakref
@@ -40,24 +38,11 @@ import weakref
 import numpy as np
 
 from fastdata.formats import Columns, column_offsets
+from fastdata.reading import kernel
+from fastdata.reading.kernel import PAGE
 from fastdata.reading.readpaths import BY_SHARD
 
-PAGE = mmap.PAGESIZE
-_PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000  # Linux values (x86-64 and arm64)
-_RESERVE_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | _MAP_NORESERVE
-_FAILED = ctypes.c_void_p(-1).value
 COPY_BYTES = 512 << 20  # the most bytes of shards whose columns lie off the view's pages read into memory instead
-
-
-def _libc():
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-_LIBC = _libc() if os.name == "posix" else None
 
 
 class StitchedRows:
@@ -79,7 +64,7 @@ class StitchedRows:
         self.slots = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         self._counts, self._total_rows = np.asarray(counts, np.int64), int(sizes.sum())
         self._slot_bases = self.slots - np.concatenate(([0], np.cumsum(self._counts)[:-1]))  # slot - first index
-        self.enabled = _LIBC is not None and self.row_bytes > 0
+        self.enabled = kernel.available() and self.row_bytes > 0
         self.read_paths = read_paths
         self._reset()
 
@@ -180,12 +165,12 @@ class StitchedRows:
 
     def _reserve(self):
         size = self._total_rows * self.row_bytes + PAGE
-        base = _LIBC.mmap(None, size, _PROT_NONE, _RESERVE_FLAGS, -1, 0)
-        if base in (None, _FAILED):
+        base = kernel.reserve(size)
+        if base is None:
             return False
         memory = (ctypes.c_char * (self._total_rows * self.row_bytes)).from_address(base + self._residue)
         self.view = np.ndarray((self._total_rows, *self.row_shape), self.dtype, buffer=memory)
-        weakref.finalize(self.view, _LIBC.munmap, base, size)  # the range lives as long as any view of it
+        weakref.finalize(self.view, kernel.release, base, size)  # the range lives as long as any view of it
         self._base = base
         return True
 
@@ -194,11 +179,10 @@ class StitchedRows:
         length = self._residue + int(self._counts[shard]) * self.row_bytes
         fd = os.open(filename, os.O_RDONLY)
         try:
-            got = _LIBC.mmap(start, length, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd,
-                             offset - self._residue)
+            mapped = kernel.map_file_at(start, length, fd, offset - self._residue)
         finally:
             os.close(fd)
-        if got != start:
+        if not mapped:
             return False
         self._mapped[shard] = True
         return True
@@ -217,9 +201,7 @@ class StitchedRows:
                 "Convert the folder again to align every shard (NOTE [aligned columns])"))
             return False
         start = self._base + int(self.slots[shard]) * self.row_bytes
-        got = _LIBC.mmap(start, self._residue + nbytes, mmap.PROT_READ | mmap.PROT_WRITE,
-                         _RESERVE_FLAGS | _MAP_FIXED, -1, 0)
-        if got != start:
+        if not kernel.memory_at(start, self._residue + nbytes):
             return self._disable(f"shard {shard}'s slot could not be given memory")
         rows = memoryview(self.view[int(self.slots[shard]) : int(self.slots[shard]) + count]).cast("B")
         with open(path, "rb", buffering=0) as f:
@@ -244,7 +226,7 @@ class StitchedRows:
         for shard in self._retired:
             start = self._base + int(self.slots[shard]) * self.row_bytes
             length = self._residue + int(self._counts[shard]) * self.row_bytes
-            _LIBC.mmap(start, length, _PROT_NONE, _RESERVE_FLAGS | _MAP_FIXED, -1, 0)
+            kernel.unmap_at(start, length)
             self._mapped[shard] = False
             self._copied.pop(shard, None)
         self._retired.clear()

@@ -69,9 +69,9 @@ from fastdata.formats.shards import (
     shard_differences,
     shard_mismatch,
 )
+from fastdata.reading.kernel import advise_column, column_spans, hint_spans
 from fastdata.reading.leases import Leases
 from fastdata.reading.parts import Parts, label_bases
-from fastdata.reading.readahead import advise_column, column_spans, hint_spans
 from fastdata.reading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
 from fastdata.reading.stitch import StitchedRows
 

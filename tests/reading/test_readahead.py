@@ -17,8 +17,9 @@ from support import column_regions, private_copy, wait_for
 from fastdata import open_dataset
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
+from fastdata.reading.kernel import PAGE, _page_spans, evict, resident_pages
 from fastdata.reading.order import EpochOrder
-from fastdata.reading.readahead import HINT_THREADS, PAGE, ReadAhead, _page_spans, evict, resident_pages, runs
+from fastdata.reading.readahead import HINT_THREADS, ReadAhead, runs
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and mincore are Linux calls")
 
