@@ -363,13 +363,14 @@ def index_command(root, storage_options):
 
     Names the shards that are not finished yet, if any.
     """
+    from fastdata.converters.imageshards import shard_folder_metadata
     from fastdata.converters.shards import index_shards
     from fastdata.converters.upload import remote_output
 
     remote = remote_output(root, _parse_storage_options(storage_options), folder=True)
     if remote is None and not os.path.isdir(root):
         raise NotFoundError(f"{root!r} is not a folder; give the shard folder the parts wrote")
-    metadata = index_shards(root if remote is None else remote.worker_root(), remote=remote)
+    metadata = index_shards(root if remote is None else remote.worker_root(), shard_folder_metadata, remote=remote)
     click.echo(f"wrote {root.rstrip('/') or '/'}/index.json: {metadata['num_samples']} samples")
 
 

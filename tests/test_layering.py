@@ -72,8 +72,8 @@ def test_every_package_module_is_covered_or_top_level():
     assert packages <= set(FORBIDDEN) | {"fastdata.measure"}, packages - set(FORBIDDEN)
 
 
-def imports_of(module):
-    """Return the fastdata modules that ``module``'s source imports anywhere, function bodies included."""
+def imported_names(module):
+    """Return every name ``module``'s source imports anywhere (``from a import b``: a and a.b), function bodies too."""
     spec = importlib.util.find_spec(module)
     tree = ast.parse(pathlib.Path(spec.origin).read_text())
     names = set()
@@ -83,7 +83,12 @@ def imports_of(module):
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in names if name in MODULES and name != module}
+    return names
+
+
+def imports_of(module):
+    """Return the fastdata modules that ``module``'s source imports anywhere, function bodies included."""
+    return {name for name in imported_names(module) if name in MODULES and name != module}
 
 
 def test_no_import_cycles():
@@ -108,3 +113,14 @@ def test_no_import_cycles():
 def test_importing_fastdata_loads_nothing_heavy():
     loaded = loaded_modules("fastdata")
     assert not [name for name in ("torch", "h5py", "pyarrow", "PIL", "numpy") if name in loaded]
+
+
+# modules that may import by name: the lazy public API, optional extras, and installed versions
+IMPORTS_BY_NAME = {"fastdata", "fastdata._optional", "fastdata.measure.machine"}
+
+
+def test_no_module_imports_another_by_name():
+    """importlib hides an import from the cycle check above; only the lazy API and the extras may use it."""
+    users = [module for module in MODULES if any(name.split(".")[0] == "importlib" for name in imported_names(module))]
+    assert set(users) <= IMPORTS_BY_NAME, sorted(set(users) - IMPORTS_BY_NAME)
+

@@ -84,7 +84,7 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
             raise full from exc
         _warn_skipped(records, on_error)
         # Tie the shards together once every task is done (by any part).
-        metadata = index_shards(folder.root, missing_ok=part is not None, remote=remote)
+        metadata = index_shards(folder.root, shard_folder_metadata, missing_ok=part is not None, remote=remote)
     return _report(folder.where, metadata or _part_metadata(records, found), started, redone=damaged)
 
 

@@ -17,7 +17,6 @@ local staging folder and mirrored to the URL shard by shard (NOTE [remote write]
 import errno
 import fcntl
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -61,8 +60,6 @@ _PARTIAL = re.compile(r"\.shard-(\d+)\.[0-9a-f]{8}-\d+-\d+\.partial\.(h5|arrow)"
 _PARTIAL_RECORD = re.compile(r"shard-(\d+)\.json\.\d+\.partial")  # see write_json_atomically
 _PARTIAL_COLUMN = re.compile(r"\.(labels|lengths)\.npy\.\d+\.partial")  # see write_column
 _SHARD = re.compile(r"shard-\d+\.(h5|arrow)")
-# plan kind -> (module, function(plan, records) -> the dataset metadata of the index)
-_METADATA_OF = {"image": ("fastdata.converters.imageshards", "shard_folder_metadata")}
 
 
 def is_folder_output(out):
@@ -485,11 +482,13 @@ def disk_full(exc, root):
 # ---------------------------------------------------------------- the index
 
 
-def index_shards(root, missing_ok=False, remote=None):
+def index_shards(root, metadata_of, missing_ok=False, remote=None):
     """Write ``root/index.json`` from the plan and the task records; return the index's metadata.
 
     Args:
         root: a shard folder whose tasks have all finished (with ``remote``: its staging folder).
+        metadata_of: ``(plan, records) -> dict``, the dataset metadata of the index, for the plan's kind
+            (e.g. imageshards.shard_folder_metadata).
         missing_ok: return None instead of raising when some tasks have not finished.
         remote: the RemoteFolder whose listed plan, records and shards count; its index.json is
             written in ``root``, then uploaded (NOTE [remote write]).
@@ -511,8 +510,7 @@ def index_shards(root, missing_ok=False, remote=None):
     records = _finished_records(where, plan, record_of, complete, missing_ok)
     if records is None:
         return None
-    module, name = _METADATA_OF[plan["kind"]]
-    metadata = getattr(importlib.import_module(module), name)(plan, records)
+    metadata = metadata_of(plan, records)
     shards = [{**{key: r[key] for key in ("name", "num_samples", "bytes", "crc32", "inputs")}, "number": number}
               for number, r in enumerate(records) if r["num_samples"]]  # see NOTE [shard identity]
     columns = {}
