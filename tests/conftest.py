@@ -14,6 +14,7 @@ import pytest
 from hypothesis import settings
 from support import (
     FORMATS,
+    KINDS,
     NUM_CLASSES,
     PER_CLASS,
     SOURCE_SIZE,
@@ -129,6 +130,11 @@ def fmt(request):
 
 @pytest.fixture(params=STORAGES)
 def storage(request):
+    return request.param
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
     return request.param
 
 

@@ -15,6 +15,7 @@ STORED_SIZE = 32  # stored height and width
 
 FORMATS = {"hdf5": ".h5", "arrow": ".arrow"}
 STORAGES = ("raw", "jpeg")
+KINDS = ("raw", "jpeg", "text")  # what a packed file holds: raw or JPEG images, or tokens
 TEXT_PER_CLASS = 12  # reviews per class in the text corpus fixture
 TEXT_NUM_UNSUP = 4
 

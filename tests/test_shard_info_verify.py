@@ -12,14 +12,6 @@ from fastdata.formats.shards import INDEX_NAME, file_checksum, read_index
 from fastdata.info import describe
 from fastdata.verify import verify
 
-KINDS = ["raw", "jpeg", "text"]
-
-
-@pytest.fixture(params=KINDS)
-def kind(request):
-    return request.param
-
-
 # ---------------------------------------------------------------- verify
 
 

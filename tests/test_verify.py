@@ -11,6 +11,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from support import (
     FORMATS,
+    KINDS,
     NUM_CLASSES,
     PER_CLASS,
     column_regions,
@@ -25,14 +26,8 @@ from fastdata.formats import Columns, layout, read_packed
 from fastdata.verify import _samples_in, verify
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
-KINDS = ["raw", "jpeg", "text"]
 DAMAGED_COLUMNS = [(kind, column) for kind in KINDS for column in ("samples", "labels", "offsets")
                    if (kind, column) != ("raw", "offsets")]  # raw images have no offsets
-
-
-@pytest.fixture(params=KINDS)
-def kind(request):
-    return request.param
 
 
 @pytest.fixture

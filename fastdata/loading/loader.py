@@ -279,7 +279,7 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
     # reads] in windows.py); workers and ranks share their reads through the page cache.
     alone = sampler.shuffle == "block" and one_reader and sampler.world_size == 1
     windows = dataset.read_windows(sampler.order) if alone else None
-    return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, windows=windows)
+    return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, windows=windows, fits=fits)
 
 
 def _default_block_settings(dataset, remote, group):

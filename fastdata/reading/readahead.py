@@ -54,7 +54,6 @@ import weakref
 import numpy as np
 
 from fastdata.reading.kernel import HINT_PROBES
-from fastdata.reading.shuffles import choose_shuffle
 
 QUIET_STEPS = 64  # the longest stretch of steps left unhinted while the data is resident; NOTE [resident hints]
 LOOKAHEAD = 4  # steps of a uniform order hinted ahead of the one read; see NOTE [read ahead]
@@ -79,15 +78,17 @@ class ReadAhead:
         lookahead: steps hinted ahead of the one being read ("uniform").
         windows: for "block", the dataset's WindowReads (``read_windows``), told which windows to read
             instead of hints; None: hints.
+        fits: whether the dataset stays in the page cache (make_loader's decision, NOTE [auto shuffle] in
+            shuffles.py): a "block" window's pages are then marked done when it ends, else reclaimed at once.
     """
 
-    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD, windows=None):
+    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD, windows=None, *, fits):
         self.dataset, self.order, self.rank, self.world_size = dataset, order, rank, world_size
         self.lookahead = lookahead
         self.windows = windows  # a WindowReads: "block" windows read whole, not hinted (NOTE [window reads])
         self.mode = order.shuffle
         dataset.advise("normal" if self.mode == "none" else "random")
-        self._drop = self.mode == "block" and choose_shuffle(dataset)[0] == "block"  # windows read: reclaim at once
+        self._drop = self.mode == "block" and not fits  # windows read: reclaim at once
         self._epoch, self._hinted, self._window, self._quiet = 0, 0, None, 0
         self._next, self._done = np.empty((0, 2), np.int64), 0  # the next window's ranges, how many hinted
         self._hints = _HintThread() if self.mode != "none" else None

@@ -37,11 +37,6 @@ print(digest.hexdigest())
 """
 
 
-@pytest.fixture(params=["raw", "jpeg", "text"])
-def kind(request):
-    return request.param
-
-
 @pytest.fixture(scope="module")
 def remote_text(s3_server, shard_converted):
     """Return ``get(fmt) -> (local folder, URL)``: the converted text shard folder, uploaded once."""

@@ -23,11 +23,6 @@ CLASSES = {"hdf5": HDF5Dataset, "arrow": ArrowDataset}
 FILE_KEYS = ("checksums", "format", "format_version")
 
 
-@pytest.fixture(params=["raw", "jpeg", "text"])
-def kind(request):
-    return request.param
-
-
 @pytest.fixture(params=["converted", "split"])
 def pair(request, shard_converted, shard_folders, shard_single, fmt, kind):
     """``(folder dataset, single-file dataset)`` holding the same samples.

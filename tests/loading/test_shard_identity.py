@@ -75,6 +75,7 @@ def assert_verify_names(root, check, text):
 # ---------------------------------------------------------------- each case, on the converters' folders
 
 
+@pytest.mark.parametrize("kind", ["raw", "text"])
 def test_the_converters_record_the_conversion_and_place_of_every_shard(shard_converted, fmt, kind):
     root = shard_converted(fmt, kind)
     index = read_index(root)
@@ -83,11 +84,6 @@ def test_the_converters_record_the_conversion_and_place_of_every_shard(shard_con
         place = read_packed(index.path(shard))[1]["shard"]
         assert place == {"number": index.numbers[shard], "inputs": index.inputs[shard], "conversion": index.conversion}
         assert place["number"] == shard and place["inputs"][0] >= int(index.starts[shard])  # skipped inputs
-
-
-@pytest.fixture(params=["raw", "text"])
-def kind(request):
-    return request.param
 
 
 def test_equal_size_shards_swapped_on_disk_are_refused_naming_both_places(shard_converted, shard_copy, fmt):

@@ -23,16 +23,16 @@ from fastdata.measure.tune import (
 
 
 @pytest.fixture
-def packed(small_photos):
+def small_raw(small_photos):
     """The raw .h5 file of ``small_photos`` (read-only: copy it to write a tune file beside it)."""
     return small_photos[1]["raw"]
 
 
 @pytest.fixture
-def private(packed, tmp_path):
-    """A private copy of ``packed``, to tune and touch."""
+def private(small_raw, tmp_path):
+    """A private copy of ``small_raw``, to tune and touch."""
     path = tmp_path / "photos.h5"
-    shutil.copyfile(packed, path)
+    shutil.copyfile(small_raw, path)
     return path
 
 
@@ -215,9 +215,9 @@ def test_auto_uses_the_saved_recommendation(private):
     assert given.prefetch_factor == 3  # a given prefetch_factor wins
 
 
-def test_auto_ignores_a_tune_file_of_another_file(private, packed, tmp_path):
+def test_auto_ignores_a_tune_file_of_another_file(private, small_raw, tmp_path):
     other = tmp_path / "other.h5"
-    shutil.copyfile(packed, other)
+    shutil.copyfile(small_raw, other)
     os.utime(other, ns=(0, 10**18))  # same size, another modification time
     write_tune_json(tuned(private, {1: 300}), tune_json_path(private))
     shutil.copyfile(tune_json_path(private), tune_json_path(other))

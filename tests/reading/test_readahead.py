@@ -177,7 +177,7 @@ def rows_of(order, epoch, steps, rank, world_size):
 def test_a_uniform_read_ahead_hints_this_ranks_rows_of_the_next_steps(copied):
     order = EpochOrder(len(copied), 4, shuffle="uniform", seed=7)
     where = Residency(copied)
-    read_ahead = ReadAhead(copied, order, rank=1, world_size=2, lookahead=2)
+    read_ahead = ReadAhead(copied, order, rank=1, world_size=2, lookahead=2, fits=True)
     where.evict()
     read_ahead.start(epoch=3, step=1)  # hints steps 1-4: lookahead steps and as many more, in one chunk
     read_ahead.flush()  # given on the hint thread (NOTE [hint thread])
@@ -198,7 +198,7 @@ def test_a_uniform_read_ahead_hints_this_ranks_rows_of_the_next_steps(copied):
 def test_a_uniform_read_ahead_over_cached_rows_hints_again_once_they_are_evicted(copied):
     order = EpochOrder(len(copied), 1, shuffle="uniform", seed=11)
     where = Residency(copied)
-    read_ahead = ReadAhead(copied, order, lookahead=1)
+    read_ahead = ReadAhead(copied, order, lookahead=1, fits=True)
     for path in copied.shard_paths:
         with open(path, "rb") as f:
             f.read()
@@ -219,7 +219,7 @@ def samples_of(ranges):
 def test_a_block_read_ahead_hints_the_next_window_a_share_per_step(copied):
     order = EpochOrder(len(copied), 2, shuffle="block", seed=3, block_size=2, window=3)  # 4 windows of 3 steps
     where = Residency(copied)
-    read_ahead = ReadAhead(copied, order)
+    read_ahead = ReadAhead(copied, order, fits=True)
     windows = [order.window_ranges(5, window) for window in range(4)]
     assert np.isin(rows_of(order, 5, range(3, 6), 0, 1), samples_of(windows[1])).all()
     where.evict()
@@ -266,7 +266,7 @@ def test_done_with_drops_the_pages_this_process_read(copied):
 def test_a_sequential_read_ahead_hints_nothing(copied):
     order = EpochOrder(len(copied), 4, shuffle="none")
     where = Residency(copied)
-    read_ahead = ReadAhead(copied, order)
+    read_ahead = ReadAhead(copied, order, fits=True)
     where.evict()
     read_ahead.start(0, 0)
     for step in range(order.num_steps):
@@ -301,7 +301,7 @@ def test_page_spans_cover_the_pages_of_the_ranges_merged(ranges):
 
 def test_hints_run_on_their_threads_and_a_failing_one_stops_none(copied):
     order = EpochOrder(len(copied), 2, shuffle="block", seed=3, block_size=2, window=3)
-    read_ahead = ReadAhead(copied, order)
+    read_ahead = ReadAhead(copied, order, fits=True)
     seen, main = [], threading.get_ident()
 
     def record(value):

@@ -77,7 +77,7 @@ def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_co
         alignment = direct_alignment(dataset.shard_paths[0])
         assert WindowReads(dataset._store, order, alignment).slot_rows > (1 + MAX_SLACK) * window * block_size + 1
         return
-    read_ahead = ReadAhead(dataset, order, windows=reads)
+    read_ahead = ReadAhead(dataset, order, windows=reads, fits=True)  # a small folder
     read_ahead.start(epoch, 0)
     for step in range(order.num_steps):
         read_ahead.advance(step)
