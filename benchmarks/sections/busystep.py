@@ -10,7 +10,7 @@ a fresh process (NOTE [fresh process per row] in fresh.py):
 
 * fastdata ``make_loader`` defaults (``helper_process="auto"``: in-process
   threads, or the helper process once the loop computes, NOTE [auto
-  helper] in loader.py);
+  helper] in batchloader.py);
 * fastdata in process: ``helper_process=False`` (threads in this process);
 * fastdata ``num_workers=2`` (--workers);
 * fastdata one worker of threads: ``num_workers=1, threads=<usable cores>``;
@@ -238,7 +238,7 @@ def loop_fed(step, batches, min_seconds, tree):
     for _ in range(UNTIMED_STEPS):
         touch(next(batches)[0])
         step()
-    tree.refresh()  # a process the loader started meanwhile counts too (NOTE [auto helper] in loader.py)
+    tree.refresh()  # a process the loader started meanwhile counts too (NOTE [auto helper] in batchloader.py)
     count, images, wait, cpu, started = 0, 0, 0.0, tree.seconds(), time.perf_counter()
     while count < MIN_TIMED_STEPS or time.perf_counter() - started < min_seconds:
         before = time.perf_counter()

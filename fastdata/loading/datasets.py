@@ -235,7 +235,7 @@ class PackedDataset(Dataset):
 
         Where ``copies_in_background``, the rows go on being copied on helper
         threads until that function is called (NOTE [pipelined reads] in
-        loader.py); call it exactly once: until then the batch's shards stay
+        batchloader.py); call it exactly once: until then the batch's shards stay
         open (and a URL's held in its cache: start another batch before only
         where ``fits_cache`` of both batches' indices).
 

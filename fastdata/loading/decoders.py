@@ -59,7 +59,7 @@ class Decoder(abc.ABC):
         """Begin ``batch_parts``; return a function that finishes it (call it once, before the parts are released).
 
         Default: the batch is read here. A decoder that ``copies_in_background``
-        leaves it running on helper threads (NOTE [pipelined reads] in loader.py).
+        leaves it running on helper threads (NOTE [pipelined reads] in batchloader.py).
         """
         batch = self.batch_parts(parts, pin_memory, **options)
         return lambda: batch

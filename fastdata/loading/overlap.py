@@ -16,10 +16,10 @@ class LoopBody:
 
     ``busy`` turns on after STREAK bodies in a row longer than
     BUSY_CONSUMER_SECONDS, and off after STREAK shorter ones (see NOTE
-    [adaptive read-ahead] in loader.py). While busy, and on a streak of long
+    [adaptive read-ahead] in batchloader.py). While busy, and on a streak of long
     bodies towards it, the CPU time of the loop's thread is measured too
     (0.4 us a call, so not in tight loops), for NOTE [leave a core] and NOTE
-    [auto helper] in loader.py: it is measured by the time ``busy`` turns on.
+    [auto helper] in batchloader.py: it is measured by the time ``busy`` turns on.
     """
 
     _DECAY = 0.9  # weight of the past in the running sums: about the last 10 bodies count

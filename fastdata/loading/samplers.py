@@ -5,7 +5,7 @@ index batches (a list of lists, a torch BatchSampler, a generator's owner);
 the loader iterates it once per epoch and asks it nothing else. An
 EpochSampler also says which batches any epoch has, and the loader uses
 that to read the next epoch's first batch while the loop still works on the
-previous epoch (see NOTE [next epoch's first batch] in loader.py):
+previous epoch (see NOTE [next epoch's first batch] in batchloader.py):
 
 - ``epoch``: the epoch the next iteration yields; ``start_step``: the
   global step it starts at (0 unless resumed);

@@ -22,7 +22,7 @@ import torch
 from torch.profiler import record_function
 
 from fastdata.errors import OptionError
-from fastdata.loading.loader import BatchLoader
+from fastdata.loading.batchloader import BatchLoader
 from fastdata.loading.workers import WorkerLoader
 
 WAIT_LABEL = "fastdata.wait"  # the record_function label of every wait in a torch.profiler trace

@@ -7,7 +7,7 @@ not saturate the memory bus: a shuffled batch of 256 rows of 64 px raw
 in 4 pieces over 2 threads (9 rounds of 40 batches, 2 cores). In a loader
 the calling thread also spends ~80-100 us a step in Python (the order,
 the rows, the labels), so a batch's copy is started on the helpers one
-step early (NOTE [pipelined reads] in loader.py) and the caller copies
+step early (NOTE [pipelined reads] in batchloader.py) and the caller copies
 only the last piece when it comes back for the batch. The pieces are few
 and large: a helper needs the GIL between pieces, which the caller holds
 while it runs Python, so with 4 small pieces a step took 380 us against
@@ -37,7 +37,7 @@ microseconds a step of read_batch / make_loader at 32 px: helpers 375-398
 a helper gains only where a core is free. Nor does starting such a batch
 a step early pay (it is copied as it is started): make_loader steps of
 290-313 us against 354-372 us pipelined at 32 px, so the loader pipelines
-only batches of PARALLEL_BYTES or more (``_pipelines_reads`` in loader.py).
+only batches of PARALLEL_BYTES or more (``_pipelines_reads`` in batchloader.py).
 Then, on a quieter machine (load ~1, Intel Xeon; /tmp/rc/sweep.sh "32 64",
 alternating fresh processes, 2 rounds, samples/s of make_loader over one
 file / a shard folder): 32 px 689k / 639k against 684k / 639k before the
@@ -48,7 +48,7 @@ machine np.take into a fresh array runs as fast as into a reused one at
 32 px (1.29-1.52M samples/s), so the loader is at 0.5 of either; the
 ~130 us of Python a step (order, parts, labels, tensors) is the gap. Such
 batches are now read a few at a time, in reads of PARALLEL_BYTES or more
-that go to the helpers (NOTE [grouped reads] in loader.py).
+that go to the helpers (NOTE [grouped reads] in batchloader.py).
 """
 
 import itertools
@@ -115,7 +115,7 @@ class Helper:
     caller's Python beside it is held up as little as possible; until
     2026-11-26 the helpers were a ThreadPoolExecutor, whose per-job
     bookkeeping (a future, a condition, the queue) ran with the GIL. Reading
-    32 px batches in groups of 4 (NOTE [grouped reads] in loader.py),
+    32 px batches in groups of 4 (NOTE [grouped reads] in batchloader.py),
     make_loader ran at 0.76-0.88 of a plain batched read on the executor
     and 0.93-1.05 on these threads; 64 px batches (3 MiB, one a read) at
     1.17-1.24 and 1.20-1.34 (/tmp/p32/sizes.py, sweep.py: warm converted

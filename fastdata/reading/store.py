@@ -171,7 +171,7 @@ class ShardStore:
     def parts(self, indices, batches=1):
         """Return the Parts of sorted or unsorted global int64 ``indices`` (checked): one per run in one shard.
 
-        The read counts as ``batches`` batches in ``read_paths`` (NOTE [grouped reads] in loader.py).
+        The read counts as ``batches`` batches in ``read_paths`` (NOTE [grouped reads] in batchloader.py).
         """
         if self.windows is not None:  # see NOTE [window reads] in windows.py
             if (parts := self.windows.parts(indices)) is not None:

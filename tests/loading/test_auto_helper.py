@@ -1,6 +1,6 @@
 """helper_process="auto": reading moves to a helper process once the loop computes on its own thread.
 
-See NOTE [auto helper] in fastdata/loading/loader.py.
+See NOTE [auto helper] in fastdata/loading/batchloader.py.
 """
 
 import time
@@ -10,8 +10,7 @@ import torch
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
-from fastdata.loading import loader as loader_module
-from fastdata.loading import overlap
+from fastdata.loading import batchloader, overlap
 
 BUSY_THRESHOLD, STEP = 0.01, 0.03  # as tests/loading/test_loader.py: far from a shared machine's noise
 KINDS = [("hdf5", "raw"), ("hdf5", "jpeg"), ("arrow", "raw"), ("arrow", "jpeg")]
@@ -59,7 +58,7 @@ def same_batches(got, expected):
 
 @pytest.mark.parametrize("fmt, storage", KINDS)
 def test_a_loop_that_computes_gets_the_same_batches_from_a_helper(packed_files, monkeypatch, fmt, storage):
-    monkeypatch.setattr(loader_module, "MAX_GROUP", 2)  # raw: reads two batches at a time, a read ahead
+    monkeypatch.setattr(batchloader, "MAX_GROUP", 2)  # raw: reads two batches at a time, a read ahead
     dataset = open_dataset(packed_files(fmt, storage))
     expected = make_loader(dataset, 2, shuffle=True, seed=4, helper_process=False)
     with make_loader(dataset, 2, shuffle=True, seed=4) as loader:
@@ -115,7 +114,7 @@ def test_helper_process_is_true_false_or_auto(packed_files):
 
 
 def test_a_loop_that_stops_computing_gets_its_batches_read_here_again(packed_files, monkeypatch):
-    monkeypatch.setattr(loader_module, "MAX_GROUP", 2)
+    monkeypatch.setattr(batchloader, "MAX_GROUP", 2)
     dataset = open_dataset(packed_files("hdf5", "raw"))
     expected = make_loader(dataset, 1, shuffle=True, seed=6)
     with make_loader(dataset, 1, shuffle=True, seed=6) as loader:  # 24 batches an epoch

@@ -1,4 +1,4 @@
-"""Small raw batches read several at a time (NOTE [grouped reads] in loader.py): the same batches, counted, in order."""
+"""Small raw batches read several at a time (NOTE [grouped reads] in batchloader.py): the same batches, in order."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from support import NUM_CLASSES, PER_CLASS
 from torch.utils.data import BatchSampler, SequentialSampler
 
 from fastdata import make_loader, open_dataset
-from fastdata.loading import loader as loader_module
+from fastdata.loading import batchloader
 from fastdata.loading.samplers import BatchIndexSampler
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
@@ -35,8 +35,8 @@ def counting_starts(dataset, monkeypatch):
 def test_small_batches_are_read_a_group_at_a_time_and_counted_as_batches(raw, monkeypatch):
     reads = counting_starts(raw, monkeypatch)
     loader = make_loader(raw, 5, shuffle=True, seed=1)
-    group = loader_module._read_group(raw, loader.sampler, 5)
-    assert group == loader_module.MAX_GROUP  # 5 samples of 32 px: far below GROUP_BYTES
+    group = batchloader._read_group(raw, loader.sampler, 5)
+    assert group == batchloader.MAX_GROUP  # 5 samples of 32 px: far below GROUP_BYTES
     batches = list(loader)
     assert reads == [[5, 5, 5, 5, 4]]  # 24 samples: one read of every batch
     assert raw.read_paths()["one file"] == len(batches) == 5
@@ -52,7 +52,7 @@ def test_small_batches_are_read_a_group_at_a_time_and_counted_as_batches(raw, mo
 def test_any_group_size_gives_the_batches_of_the_order_and_kept_batches_stay_intact(
         packed_files, monkeypatch, batch_size, group, drop_last, seed):
     dataset = open_dataset(packed_files("hdf5", "raw"))
-    monkeypatch.setattr(loader_module, "MAX_GROUP", group)
+    monkeypatch.setattr(batchloader, "MAX_GROUP", group)
     reads = counting_starts(dataset, monkeypatch)
     loader = make_loader(dataset, batch_size, shuffle=True, seed=seed, drop_last=drop_last)
     sampler = BatchIndexSampler(NUM_SAMPLES, batch_size, shuffle=True, seed=seed, drop_last=drop_last)
@@ -90,7 +90,7 @@ def test_a_loop_that_breaks_early_and_starts_again_gets_whole_epochs(raw):
 
 def test_large_batches_and_other_storage_are_read_one_at_a_time(packed_files):
     jpeg = open_dataset(packed_files("hdf5", "jpeg"))
-    assert loader_module._read_group(jpeg, make_loader(jpeg, 4).sampler, 4) == 1  # decoded: no copy to group
+    assert batchloader._read_group(jpeg, make_loader(jpeg, 4).sampler, 4) == 1  # decoded: no copy to group
     raw = open_dataset(packed_files("hdf5", "raw"))
-    big = loader_module.GROUP_BYTES // raw.max_batch_bytes(1)  # samples in a batch of about GROUP_BYTES
-    assert loader_module._read_group(raw, make_loader(raw, big).sampler, big) == 1
+    big = batchloader.GROUP_BYTES // raw.max_batch_bytes(1)  # samples in a batch of about GROUP_BYTES
+    assert batchloader._read_group(raw, make_loader(raw, big).sampler, big) == 1

@@ -26,7 +26,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
-from fastdata.loading.loader import BatchLoader
+from fastdata.loading.batchloader import BatchLoader
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
 from fastdata.loading.workers import worker_pids
 from fastdata.reading import rowcopy
@@ -486,7 +486,7 @@ def spin(seconds):
 @pytest.mark.parametrize("step, leaves_a_core", [(time.sleep, False), (spin, True)])
 def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monkeypatch, step, leaves_a_core):
     # see NOTE [leave a core]: a loop waiting (as for a GPU) gets no core kept for it
-    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
     dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
     loader = make_loader(dataset, 2)
     for _ in range(3):
@@ -497,7 +497,7 @@ def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monke
 
 
 def test_threads_given_are_what_every_batch_is_read_with(packed_files, monkeypatch):
-    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
     dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
     loader = make_loader(dataset, 2, threads=2)
     for _ in range(3):

@@ -206,7 +206,7 @@ def test_batches_over_more_shards_than_a_two_shard_cache_holds_read_one_shard_at
 @pytest.mark.parametrize("cache_shards", [None, 2])
 def test_a_remote_loader_starts_a_batch_early_only_where_both_fit_the_cache(many_shards, s3_server, tmp_path,
                                                                           monkeypatch, cache_shards):
-    # NOTE [pipelined reads] in loader.py: two batches in flight hold both their shards in the cache
+    # NOTE [pipelined reads] in batchloader.py: two batches in flight hold both their shards in the cache
     monkeypatch.setattr(rowcopy, "PARALLEL_BYTES", 0)
     local_root, url = many_shards
     local = open_dataset(local_root)

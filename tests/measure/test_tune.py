@@ -9,7 +9,7 @@ import pytest
 from support import run_cli
 
 from fastdata import make_loader, open_dataset
-from fastdata.loading.loader import BatchLoader
+from fastdata.loading.batchloader import BatchLoader
 from fastdata.loading.recommendation import read_recommendation, tune_json_path
 from fastdata.loading.workers import WorkerLoader
 from fastdata.measure.engine import Rate, close_loader
