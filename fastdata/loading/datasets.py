@@ -137,7 +137,7 @@ class PackedDataset(Dataset):
     @property
     def is_remote(self):
         """Whether the dataset is read from a URL, its shards through a local cache."""
-        return self._store.cache is not None
+        return self._store.is_remote
 
     @property
     def num_shards(self):

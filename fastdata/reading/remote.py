@@ -29,12 +29,11 @@ cache it fetches again, 5,000-6,200 img/s.
 """
 
 import os
-import pickle
-import weakref
 
 import numpy as np
 
 from fastdata.errors import OptionError
+from fastdata.reading.sources import CachedShards
 from fastdata.reading.store import ShardStore
 from fastdata.storage.cache import ShardCache
 from fastdata.storage.prefetch import Prefetcher
@@ -69,94 +68,8 @@ def open_remote_store(url, read, *, max_open_shards=None, storage_options=None, 
         raise OptionError(f"prefetch should be a non-negative integer (shards), got prefetch={prefetch!r}")
     index = read_remote_index(url, storage_options) if index is None else index
     fs, _ = filesystem(index.root, storage_options)
-    cache = StoreCache(ShardCache(index, fs, cache_dir=cache_dir, cache_limit=cache_limit))
-    return ShardStore(index, read, max_open_shards, cache=cache)
-
-
-# NOTE [cache room]: a ShardCache short of room evicts shards no process
-# holds, else waits up to 30 s for one to be released (then goes over the
-# limit by a shard, with a warning). A store holds the shards it has open,
-# up to max_open_shards of them, most no longer read: with several readers
-# (workers, ranks) their stale holds would fill a small cache, and a reader
-# waiting for room would wait for readers that do not need room. So whenever
-# a store opens a shard while the cache lacks room for one more of the
-# largest shards, it first closes (releases) its open shards that the batch
-# being read does not: in a block order, those of the windows it has left
-# (a batch of B samples from a window of W shards reads them all when B is
-# several times W; a smaller batch may close and reopen a shard of its
-# window, 0.3-1.6 ms, only while the cache is short). While a fetch waits
-# for room, the cache's ``on_full`` does the same for every store of this
-# process not opening shards at that moment. A store that is collected
-# releases what it holds.
-_STORES = weakref.WeakSet()  # this process's cached ShardStores; see NOTE [cache room]
-
-
-class StoreCache:
-    """What a ShardStore asks of a ShardCache: fetch and hold a shard, release it, whether the cache is short.
-
-    Pickles with its ShardCache, which reopens in each process (see NOTE [cache room]).
-    """
-
-    def __init__(self, cache):
-        self.cache = cache
-        self.limit = cache.cache_limit
-        self._largest = int(cache.index.sizes.max(initial=0))
-        self._roomy = int(cache.index.sizes.sum()) + self._largest <= self.limit  # never short: see is_short
-        self._pid, self._fs_pid = None, os.getpid()
-
-    def attach(self, store):
-        """Let the cache's waits release ``store``'s idle shards; release its holds when it is collected."""
-        if self._pid != os.getpid():
-            self._pid = os.getpid()
-            weakref.finalize(self, _release_all, self.cache, self._pid)
-        if self._fs_pid != os.getpid():  # a forked worker: fsspec's async file systems are not fork-safe
-            self.cache.fs, self._fs_pid = pickle.loads(pickle.dumps(self.cache.fs)), os.getpid()
-        self.cache.on_full = _release_idle
-        _STORES.add(store)
-
-    def fetch(self, shard):
-        """Return the local path of ``shard``'s complete, verified copy, fetched unless present, and hold it."""
-        return self.cache.hold(shard)
-
-    def release(self, shard):
-        """Let ``shard``'s copy be evicted again."""
-        self.cache.release(shard)
-
-    def read_file(self, name):
-        """Return the bytes of the folder's file ``name`` (not a shard: a column file), one request, retried."""
-        return self.cache.read_file(name)
-
-    def is_short(self, shard):
-        """Return whether the cache, with ``shard`` in it, lacks room for one more of the largest shards.
-
-        A limit that holds every shard and one more is never short, and the folder is not scanned:
-        a scan stats every file of the folder, for each shard a reader opens (0.8 ms at 64 shards).
-        """
-        if self._roomy:
-            return False
-        cache = self.cache
-        incoming = 0 if cache.is_present(shard) else int(cache.index.sizes[shard])
-        return cache.used_bytes() + incoming + self._largest > self.limit
-
-    def __getstate__(self):
-        return {**self.__dict__, "_pid": None, "_fs_pid": None}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _fs_pid=os.getpid())  # the file system was unpickled: made in this process
-
-
-def _release_idle():
-    """Close the idle open shards of every cached store of this process (see NOTE [cache room])."""
-    for store in list(_STORES):
-        store.release_idle()
-
-
-def _release_all(cache, pid):
-    """Release every shard this process holds in ``cache`` (its store was collected)."""
-    if os.getpid() == pid:
-        for shard in cache.held():
-            while shard in cache.held():
-                cache.release(shard)
+    source = CachedShards(ShardCache(index, fs, cache_dir=cache_dir, cache_limit=cache_limit))
+    return ShardStore(index, read, max_open_shards, source=source)
 
 
 # NOTE [remote shuffle]: a remote dataset shuffles in blocks of a shard's
@@ -217,7 +130,7 @@ def _block_span(index, block_size):
 def _cache_slots(dataset):
     """Return how many of the dataset's largest shards its cache limit holds (at least 2)."""
     store = dataset._store
-    return max(2, int(store.cache.limit // max(int(store.index.sizes.max(initial=1)), 1)))
+    return max(2, int(store.source.limit // max(int(store.index.sizes.max(initial=1)), 1)))
 
 
 class ShardReadAhead:
@@ -262,10 +175,10 @@ class ShardReadAhead:
         from the cache all the same is fetched by its reader, as any missing
         shard is.
         """
-        cache = self.dataset._store.cache.cache
-        if int(self.index.sizes.sum()) > cache.cache_limit:
+        source = self.dataset._store.source
+        if not source.fits(int(self.index.sizes.sum())):
             return False
-        return all(cache.is_present(shard) for shard in range(self.index.num_shards))
+        return all(source.cache.is_present(shard) for shard in range(self.index.num_shards))
 
     def advance(self, step: int) -> None:
         """Note that ``step``'s indices were just produced: fetch its shards and the next ``ahead``."""
@@ -331,7 +244,7 @@ class ShardReadAhead:
         """Return this process's Prefetcher, started on first use."""
         if self._pid != os.getpid():
             span = window_shards(self.index, self.order)
-            self._prefetcher = Prefetcher(self.dataset._store.cache.cache, span + self.ahead, self.threads)
+            self._prefetcher = Prefetcher(self.dataset._store.source.cache, span + self.ahead, self.threads)
             self._pid = os.getpid()
         return self._prefetcher
 

@@ -38,7 +38,7 @@ where the window of one file is one batch. One file is a store of one shard,
 compared before every read.
 
 NOTE [cached shards]: a store of a URL (fastdata.reading.remote) has a
-``cache`` (fastdata.storage.ShardCache): a shard is opened from its local
+CachedShards source (sources.py) over a fastdata.storage.ShardCache: a shard is opened from its local
 copy, fetched (verified against the index's size and crc32) on first touch
 unless a prefetcher has fetched it already, and held while open so that no
 process evicts it; closing it releases it. Its local copy may be evicted and
@@ -46,7 +46,7 @@ fetched again between two opens (another inode), so a cached shard is
 checked in full at every open and its fingerprint forgotten when it closes;
 those checks cost 0.3-1.6 ms an open (NOTE [open shards]), against a fetch.
 A store closes its stale shards when the cache runs short of room (NOTE
-[cache room] in remote.py).
+[cache room] in sources.py).
 """
 
 import os
@@ -69,10 +69,12 @@ from fastdata.formats.shards import (
     shard_differences,
     shard_mismatch,
 )
+from fastdata.reading import sources
 from fastdata.reading.kernel import advise_column, column_spans, hint_spans
 from fastdata.reading.leases import Leases
 from fastdata.reading.parts import Parts, label_bases
 from fastdata.reading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
+from fastdata.reading.sources import LocalShards
 from fastdata.reading.stitch import StitchedRows
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
@@ -89,10 +91,11 @@ class ShardStore:
         read: ``read_hdf5`` or ``read_arrow``.
         max_open_shards: the most shards kept open between batches; None: ``default_max_open_shards()``.
         recheck_seconds: how long an open shard is read before its fingerprint is compared again.
-        cache: for shards at a URL, the ShardCache their local copies come from (see NOTE [cached shards]).
+        source: where the shards' files come from (sources.py): None, the local files the index names; for
+            shards at a URL, a CachedShards (see NOTE [cached shards]).
     """
 
-    def __init__(self, index: ShardIndex, read, max_open_shards=None, recheck_seconds=RECHECK_SECONDS, cache=None):
+    def __init__(self, index: ShardIndex, read, max_open_shards=None, recheck_seconds=RECHECK_SECONDS, source=None):
         max_open_shards = default_max_open_shards() if max_open_shards is None else max_open_shards
         if not isinstance(max_open_shards, int) or isinstance(max_open_shards, bool) or max_open_shards < 1:
             raise OptionError(f"max_open_shards should be a positive integer, got max_open_shards={max_open_shards!r}")
@@ -100,8 +103,8 @@ class ShardStore:
         self._read = read
         self.max_open_shards = max_open_shards
         self.recheck_seconds = recheck_seconds
-        self.cache = cache
-        self._paths = [index.path(shard) for shard in range(index.num_shards)]  # URLs for a cached store
+        self.source = LocalShards(index) if source is None else source
+        self._paths = [index.path(shard) for shard in range(index.num_shards)]  # the names: URLs for a cached store
         self._fingerprints = {}  # shard -> fingerprint when checked, carried into workers
         self._cached = {}  # "labels", "lengths": int64 [N] over all shards, made on first ask
         self._advice = None  # the access pattern set on every shard's sample column as it opens; see readahead.py
@@ -120,7 +123,7 @@ class ShardStore:
         """Return the store of one packed file, a single shard checked now and before every read."""
         path = os.fspath(path)
         _, metadata = read(path)  # structure, offsets and labels checked once; no handle kept
-        fingerprint = _fingerprint(path)
+        fingerprint = sources.fingerprint(path)
         index = ShardIndex(
             root=os.path.dirname(path), container=container, metadata=metadata, settings={},
             names=[os.path.basename(path)], starts=np.array([0, metadata["num_samples"]], dtype=np.int64),
@@ -137,10 +140,10 @@ class ShardStore:
         self._checked_at = np.full(shards, -np.inf)  # shard -> when its fingerprint was last compared
         self._label_bases = np.zeros(shards, np.int64)  # shard -> the address of its open label column
         self._batches, self._held = 0, set()  # the numbers of the open shards
-        self._local = {} if self.cache is not None else None  # shard -> its local copy while open (cached)
-        if self.cache is not None:  # a forked process: its copies may be other files (NOTE [cached shards])
+        self._local = {}  # shard -> the file it was opened from, while open
+        if not self.source.keeps_fingerprints:  # a forked process: its copies may be other files (NOTE [cached shards])
             self._fingerprints = {}
-            self.cache.attach(self)
+        self.source.attach(self)
         self._lock, self._pid = threading.Lock(), os.getpid()
         self._leases = Leases(self._paths)  # see NOTE [read leases] in leases.py
 
@@ -342,38 +345,36 @@ class ShardStore:
         return columns
 
     def _close(self, shard):
-        """Drop ``shard``'s maps; a cached shard is released to the cache and checked in full when reopened."""
+        """Drop ``shard``'s maps and release its file; a cached shard is checked in full when reopened."""
         columns, self._open[shard], self._checked_at[shard] = self._open[shard], None, -np.inf
         self._held.discard(shard)
         if self._stitch is not None:
             self._stitch.retire(shard, columns)
         self._leases.drop(shard)
-        if self.cache is not None:
+        if not self.source.keeps_fingerprints:
             self._fingerprints.pop(shard, None)
-            del self._local[shard]
-            self.cache.release(shard)
+        del self._local[shard]
+        self.source.release(shard)
 
     def _path(self, shard):
-        """Return the local file of ``shard``: its path, or its cached copy while open."""
-        return self._paths[shard] if self.cache is None else self._local[shard]
-
-    def _stat(self, path):
-        """Return the fingerprint of ``path``, a cached copy's too (NOTE [verified shards] in storage/cache.py: the
-        cache no longer touches a shard's mtime, so a copy written over under its reader is noticed)."""
-        return _fingerprint(path)
+        """Return the local file of ``shard``: the one it was opened from while open, else its path."""
+        return self._local[shard] if shard in self._local else self._paths[shard]
 
     def _open_shard(self, shard):
-        """Open ``shard``: checked in full the first time, compared with its fingerprint after that."""
-        if self.cache is not None:
-            return self._open_cached(shard)
-        self._leases.take(shard, self._paths[shard])  # before the checks: a change after them breaks it
+        """Open ``shard`` (its file acquired from the source): checked in full the first time, compared with its
+        fingerprint after that (a cached copy: in full at every open, NOTE [cached shards])."""
+        self._make_room(shard)
+        path = self._local[shard] = self.source.acquire(shard)  # held until closed, so that no process evicts it
         try:
+            self._leases.take(shard, path)  # before the checks: a change after them breaks it
             if shard in self._fingerprints:
                 self._check_unchanged(shard)
-                return _plain(self._read(self._paths[shard], check=False)[0])
-            return self._checked(shard, self._paths[shard])
+                return _plain(self._read(path, check=False)[0])
+            return self._checked(shard, path)
         except BaseException:
             self._leases.drop(shard)
+            del self._local[shard]
+            self.source.release(shard)
             raise
 
     def read_apart(self, shard):
@@ -385,33 +386,25 @@ class ShardStore:
         columns = self._open_shard(shard)
         if self._open[shard] is None:
             self._leases.drop(shard)
+            del self._local[shard]
+            self.source.release(shard)
         return columns
 
-    def _open_cached(self, shard):
-        """Open the local copy of a cached ``shard``, fetched and held first (see NOTE [cached shards])."""
-        self._make_room(shard)
-        self._local[shard] = self.cache.fetch(shard)  # held, so that no process evicts it
-        try:
-            self._leases.take(shard, self._local[shard])
-            return self._checked(shard, self._local[shard])
-        except BaseException:
-            self._leases.drop(shard)
-            del self._local[shard]
-            self.cache.release(shard)
-            raise
-
     def fits_cache(self, indices):
-        """Return whether the shards of ``indices`` fit the cache together (a store without a cache: always)."""
-        if self.cache is None:
-            return True
+        """Return whether the shards of ``indices`` can be held together (local files: always)."""
         largest = int(self.index.sizes.max(initial=0))
-        if largest * min(self.index.num_shards, len(indices)) <= self.cache.limit:  # no need to look
+        if self.source.fits(largest * min(self.index.num_shards, len(indices))):  # no need to look
             return True
-        return len(np.unique(self.index.shard_of(indices))) * largest <= self.cache.limit
+        return self.source.fits(len(np.unique(self.index.shard_of(indices))) * largest)
+
+    @property
+    def is_remote(self):
+        """Whether the shards are read from copies of a URL's (none of them is readable before it is acquired)."""
+        return self.source.local_paths is None
 
     def _make_room(self, shard):
         """Close the open shards the current batch does not read if the cache is short of room (NOTE [cache room])."""
-        if self.cache.is_short(shard):
+        if self.source.is_short(shard):
             self._close_idle()
 
     def _close_idle(self):
@@ -429,7 +422,7 @@ class ShardStore:
     def _checked(self, shard, path):
         """Open the file ``path`` of ``shard`` checked in full: size, structure, samples, fingerprint."""
         try:
-            fingerprint = self._stat(path)
+            fingerprint = self.source.fingerprint(path)
         except FileNotFoundError:
             raise self._damaged(shard, "is missing") from None
         if fingerprint[0] != self.index.sizes[shard]:
@@ -449,11 +442,9 @@ class ShardStore:
         return _plain(columns)
 
     def _damaged(self, shard, what):
-        advice = (f'Run "fastdata verify {self.index.root}" for details, and convert the source again.'
-                  if self.cache is None else "Convert the source again, or restore the shard.")
         return FormatError(
             f"{self._paths[shard]!r} {what}: shard {shard} of {self.index.root!r} does not match its {INDEX_NAME}. "
-            + advice
+            + self.source.damage_advice(self.index.root)
         )
 
     def column_offsets(self, shard):
@@ -472,12 +463,13 @@ class ShardStore:
         (it is checked, and its damage reported, when it is opened). None where no shard could be read, or
         for a cached store (its shards are not fetched for this).
         """
-        if self.cache is not None:
+        paths = self.source.local_paths
+        if paths is None:
             return None
         last, remainders = self.index.num_shards - 1, []
         for shard in sorted({0, last // 2, last}):
             try:
-                remainders.append(column_offsets(self._paths[shard])[0] % modulo)
+                remainders.append(column_offsets(paths[shard])[0] % modulo)
             except (OSError, ValueError, FormatError):  # pyarrow's ArrowInvalid is a ValueError
                 continue
         return max(remainders, key=remainders.count) if remainders else None
@@ -495,12 +487,12 @@ class ShardStore:
         A shard checked in this process is compared with its fingerprint, any other with its size in the index
         (one stat per shard: for explaining a failure, not for every batch). A cached store's copies: none.
         """
-        if self.cache is not None:
+        if self.source.local_paths is None:
             return {}
         changed = {}
-        for shard, path in enumerate(self._paths):
+        for shard, path in enumerate(self.source.local_paths):
             try:
-                now = self._stat(path)
+                now = self.source.fingerprint(path)
             except FileNotFoundError:
                 now = None
             before = self._fingerprints.get(shard)
@@ -514,7 +506,7 @@ class ShardStore:
     def _check_unchanged(self, shard):
         """Raise FormatError if ``shard`` is not the file it was when first checked (see NOTE [fingerprint])."""
         try:
-            now = self._stat(self._path(shard))
+            now = self.source.fingerprint(self._path(shard))
         except FileNotFoundError:
             now = None
         self._compare_fingerprint(shard, now)
@@ -588,15 +580,7 @@ class ShardStore:
     def _column_file(self, entry):
         """Return the column in the file of ``entry`` beside the shards, checked against it."""
         where = os.path.join(self.index.root, entry["name"])  # a path, or a URL (as index.path)
-        if self.cache is not None:
-            data = self.cache.read_file(entry["name"])
-        else:
-            try:
-                with open(where, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                raise FormatError(f"{where!r} is missing: {self.index.root!r}'s index lists it. Restore it, or "
-                                  "convert again") from None
+        data = self.source.read_file(entry["name"])
         values = parse_column(data, entry, self.index.num_samples, where)
         if entry["name"] == COLUMN_FILES["labels"] and len(bad := bad_label_samples(values, self.index.metadata)):
             raise FormatError(f"{where!r} holds labels outside {label_bounds(self.index.metadata)}, the classes its "
@@ -607,7 +591,7 @@ class ShardStore:
     def __getstate__(self):
         state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,
                  "_pid": None, "_cached": {}, "_local": None, "windows": None, "_leases": None}
-        if self.cache is not None:  # another process's copies may be other files: see NOTE [cached shards]
+        if not self.source.keeps_fingerprints:  # another process's copies may be other files: see NOTE [cached shards]
             state["_fingerprints"] = {}
         return state
 
@@ -642,12 +626,6 @@ def _plain(columns):
     """Return ``columns`` as plain ndarray views: indexing a numpy memmap costs ~12 us more per call."""
     offsets = None if columns.offsets is None else np.asarray(columns.offsets)
     return Columns(np.asarray(columns.samples), np.asarray(columns.labels), offsets)
-
-
-def _fingerprint(path):
-    """Return ``(size, mtime_ns, inode)`` of ``path``: what changes when a file is rewritten or replaced."""
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
 def _change(before, now):

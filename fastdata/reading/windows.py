@@ -114,7 +114,7 @@ class WindowReads:
         disk without direct I/O, or rows whose aligned places would take over
         MAX_SLACK unused rows.
         """
-        if order.shuffle != "block" or store.cache is not None:
+        if order.shuffle != "block" or store.is_remote:
             return None, "only a block order of local files is read in windows"
         if not hasattr(os, "O_DIRECT"):
             return None, "this system has no direct I/O (O_DIRECT)"

@@ -56,7 +56,7 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 #   shard: NOTE [no waiting on readers].
 # NOTE [no waiting on readers]: a reader holds the shards it has open; those of the batch it reads, and
 # those it read last until it opens another (a store of a short cache closes its idle shards then:
-# NOTE [cache room] in reading/remote.py). An idle reader (a DataLoader worker that made its batches
+# NOTE [cache room] in reading/sources.py). An idle reader (a DataLoader worker that made its batches
 # ahead, another training between steps) never releases, and nothing of another process can ask it to,
 # so a fetch that waited for room waited on readers that were waiting too: a 3-shard limit with 2
 # workers read 300 samples in 33-61 s, two processes sharing it in 31 s each, two processes of 2 workers

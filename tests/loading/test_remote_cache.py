@@ -46,7 +46,7 @@ dataset = open_dataset(url, storage_options=json.loads(options), cache_dir=cache
 digests = []
 for images, labels in make_loader(dataset, 32, shuffle=True, num_workers=int(workers)):
     digests += [hashlib.sha256(image.numpy().tobytes()).hexdigest()[:16] for image in images]
-print(json.dumps({"digests": sorted(digests), "over_limit": dataset._store.cache.cache.over_limit()}))
+print(json.dumps({"digests": sorted(digests), "over_limit": dataset._store.source.cache.over_limit()}))
 """
 
 
@@ -73,7 +73,7 @@ def digests_of(dataset):
 
 
 def cache_of(dataset):
-    return dataset._store.cache.cache
+    return dataset._store.source.cache
 
 
 def largest_shard(local):
