@@ -251,8 +251,11 @@ def test_odd_jsonl_lines_are_converted_or_reported(tmp_path):
 
 # ----- round trip --------------------------------------------------------------------------------------------
 
-texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
-labels = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=5).filter(str.strip)
+# No NUL: a small file whose bytes are a tenth NUL is refused as UTF-16/32 (_check_encoding), rightly;
+# a stray NUL in a field is read back by test_odd_jsonl_lines_are_converted_or_reported above.
+_CHARACTERS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+texts = st.text(_CHARACTERS, max_size=40)
+labels = st.text(_CHARACTERS, min_size=1, max_size=5).filter(str.strip)
 records = st.lists(st.tuples(texts, labels), min_size=1, max_size=12)
 
 
