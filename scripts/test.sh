@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh), lint, and run the whole test suite, slow smoke runs included;
-# extra arguments go to pytest. For the edit loop, plain `.venv/bin/pytest` skips the slow ones.
+# extra arguments go to pytest. For the edit loop, plain `.venv/bin/pytest` skips the slow and
+# integration ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q -m "slow or not slow" "$@"
+.venv/bin/python -m pytest -q -m "slow or not slow" --durations=25 "$@"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # the examples run as scripts
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_RESNET = REPO / "examples" / "train_resnet.py"
 

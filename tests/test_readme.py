@@ -32,6 +32,8 @@ from support import free_port, run_cli, train_hf_tokenizer
 from fastdata import HDF5Dataset, convert_imagefolder, make_loader, open_dataset
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
+pytestmark = pytest.mark.integration  # the README's commands, servers and schedulers
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = os.path.dirname(sys.executable)  # the environment's bin folder, where the `fastdata` entry point is
 
@@ -401,7 +403,6 @@ with open(f"seen-rank{trainer.global_rank}.json", "w") as f:
 """
 
 
-@pytest.mark.integration
 @pytest.mark.slow  # ~20 s: two Lightning processes with 2 workers each (examples/lightning_ddp.py runs unmarked)
 def test_lightning_ddp_trains_each_sample_once_an_epoch_on_two_cpu_processes(one_per_class, tmp_path):
     pytest.importorskip("lightning")
@@ -438,7 +439,6 @@ print(json.dumps({"as_it_was": loader is made, "first": first, "rest": rest, "ag
 """
 
 
-@pytest.mark.integration
 def test_accelerate_hands_the_loader_back_and_its_state_carries_the_position(photos, tmp_path):
     pytest.importorskip("accelerate")
     convert_imagefolder(photos, tmp_path / "train.h5", size=16, workers=1, progress=False)

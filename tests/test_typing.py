@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.integration  # type checkers in subprocesses
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = """
     import torch

@@ -13,6 +13,8 @@ from benchmarks.fresh import FreshProcesses  # noqa: E402
 from benchmarks.sections import fusedcrop  # noqa: E402
 from fastdata.formats import read_packed  # noqa: E402
 
+pytestmark = pytest.mark.integration  # benchmark sections in fresh processes
+
 
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):

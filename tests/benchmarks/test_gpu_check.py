@@ -16,6 +16,8 @@ from benchmarks import gpucheck  # noqa: E402
 from benchmarks.resnet import make_resnet  # noqa: E402
 from benchmarks.sections import gpu  # noqa: E402
 
+pytestmark = pytest.mark.integration  # benchmark sections in fresh processes
+
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without CUDA")
 PUBLISHED_PARAMETERS = {"resnet18": 11.7e6, "resnet50": 25.6e6}  # He et al. 2015; torchvision's model cards
 

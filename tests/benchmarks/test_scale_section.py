@@ -22,6 +22,8 @@ from fastdata.formats.shards import read_index  # noqa: E402
 from fastdata.measure.pagecache import cgroup_problem  # noqa: E402
 from fastdata.verify import verify  # noqa: E402
 
+pytestmark = pytest.mark.integration  # benchmark sections in fresh processes
+
 SMALL = {"quick": True, "seed": 0, "scale_raw_images": 700, "scale_jpeg_images": 300, "scale_classes": 20,
          "scale_distinct": 61, "scale_shard_bytes": 1 << 20, "scale_folders": scale.QUICK["scale_folders"],
          "scale_ddp_images": 61, "scale_ddp_shard_bytes": 256 << 10, "scale_cache_limit": 512 << 20,

@@ -16,7 +16,10 @@ from benchmarks.sections import shards  # noqa: E402
 from fastdata.formats.shards import read_index  # noqa: E402
 
 pytest.importorskip("psutil")
-pytestmark = pytest.mark.slow  # the section runs once for the module: ~50 s of subprocesses (2 Dask clusters, LitData)
+pytestmark = [
+    pytest.mark.slow,  # the section runs once for the module: ~50 s of subprocesses (2 Dask clusters, LitData)
+    pytest.mark.integration,  # benchmark sections in fresh processes
+]
 
 
 @pytest.fixture(scope="module")

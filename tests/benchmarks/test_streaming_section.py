@@ -19,7 +19,10 @@ _name = streaming._name
 
 pytest.importorskip("moto.server")
 pytest.importorskip("s3fs")
-pytestmark = pytest.mark.slow  # the section runs once for the module: ~40 s (moto, two proxies, a fresh process)
+pytestmark = [
+    pytest.mark.slow,  # the section runs once for the module: ~40 s (moto, two proxies, a fresh process)
+    pytest.mark.integration,  # benchmark sections in fresh processes
+]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,10 @@ from benchmarks.sections import training  # noqa: E402
 from fastdata import open_dataset  # noqa: E402
 from fastdata.measure.baselines import load_resized  # noqa: E402
 
-pytestmark = pytest.mark.slow  # the quick section runs once for the module: ~24 s idle, ~55 s on a busy machine
+pytestmark = [
+    pytest.mark.slow,  # the quick section runs once for the module: ~24 s idle, ~55 s on a busy machine
+    pytest.mark.integration,  # benchmark sections in fresh processes
+]
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from fastdata.converters.parallel import WorkerPool, stop_pool
 from fastdata.formats.shards import file_checksum
 from fastdata.measure.synthetic import make_imagefolder
 
+pytestmark = pytest.mark.integration  # conversions in subprocesses, killed mid-way
+
 CLI = [sys.executable, "-m", "fastdata"]
 WORKERS = 2
 

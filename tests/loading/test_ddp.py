@@ -26,6 +26,8 @@ from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
 from fastdata.loading.samplers import BucketBatchSampler
 
+pytestmark = pytest.mark.integration  # gloo process groups
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ddp_worker.py")
 PRIME = 101  # samples: no global batch divides it, so every epoch ends in a remainder
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks

@@ -10,6 +10,8 @@ from support import descendants, returning_sigterm_handler, sigterm_after, still
 from fastdata import make_loader, open_dataset
 from fastdata.measure.engine import consume
 
+pytestmark = pytest.mark.integration  # scripts ended by signals while workers start
+
 DELAYS = [0.0, 0.0005, 0.002, 0.005, 0.02, 0.1]  # after the fork: before, during and after torch's worker start
 LONG_EPOCH = [[index % 24] for index in range(4000)]  # 1-2 s of batches: a SIGTERM lands inside the epoch
 

@@ -9,6 +9,8 @@ import torch
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FormatError
 
+pytestmark = pytest.mark.integration  # worker processes started, killed and ended
+
 BATCH = 4
 
 

@@ -16,6 +16,8 @@ from fastdata.converters import convert_imagefolder
 from fastdata.errors import FormatError
 from fastdata.measure.synthetic import make_imagefolder
 
+pytestmark = pytest.mark.integration  # other programs write and truncate the files under a reader
+
 # Before read leases, 10 of these 12 (file, delay) runs of READ_WHILE_TRUNCATED with read_batch died of SIGBUS
 # (exit 135): a batch reads or decodes from the map after the per-batch fingerprint check.
 DELAYS = [0.1, 0.37, 0.5]
