@@ -197,10 +197,10 @@ class BatchLoader(Resumable):
         # 2 cores, quiet, 64 px raw: kept 0.90 / 0.83 / 0.95 of the step rate
         # in this process beside steps holding the GIL 2 / 5 / 20 ms, 0.94 /
         # 0.96 / 1.00 from the helper. So with helper_process="auto" batches
-        # of local files move to a helper process reading on the cores but
-        # one, once the loop body is busy and computes on its thread
-        # (LoopBody.keeps_a_core_busy, measured over its streak of long
-        # bodies), and back once it does not: at once either way, mid-epoch
+        # of local files move to a helper process reading on every usable
+        # core (as helper_process=True), once the loop body is busy and
+        # computes on its thread (LoopBody.keeps_a_core_busy, measured over
+        # its streak of long bodies), and back once it does not: at once either way, mid-epoch
         # (the batches started one way are yielded, the steps not taken yet
         # go the other way). A loop that waits (on a GPU, a sleep) leaves the
         # GIL free and its core to the threads here, and a tight loop pays no
@@ -208,7 +208,14 @@ class BatchLoader(Resumable):
         # whose read-ahead (hints, windows) follows the order in this process.
         # Measured in one process whose step changed from holding the GIL to
         # sleeping: staying in the helper (one thread) kept 0.50 of a 5 ms
-        # sleeping step over 64 px JPEG against 0.67 read here.
+        # sleeping step over 64 px JPEG against 0.67 read here. With one
+        # core left to the loop (one helper thread on 2 cores), the defaults
+        # kept 0.29-0.46 of a 5 ms GIL-holding step over 64 px JPEG where
+        # helper_process=True (threads on both cores) kept 0.51-0.54; with
+        # its threads on every core, 0.33 / 0.56 / 1.07 beside 2 / 5 / 20 ms
+        # steps against 0.32 / 0.57 / 1.04 for helper_process=True, 64 px raw
+        # unchanged (0.90 / 0.92 / 0.97), in one busystep run: the OS shares
+        # the cores between the helper's threads and the loop.
         return (self._make_auto_helper is not None and getattr(self.sampler, "readahead", None) is None
                 and self._body.keeps_a_core_busy())
 

@@ -164,7 +164,7 @@ def make_loader(
             [helper process] in helper.py). Replaces ``num_workers``.
             "auto" (default, with ``num_workers=0``): reading moves there
             once the loop body is found to keep its core computing (NOTE
-            [auto helper]), with a core left to that loop; False: never.
+            [auto helper]), decoding on every usable core there; False: never.
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -217,7 +217,7 @@ def make_loader(
                              usable_cpus())
         elif helper_process == "auto" and reads_plainly(dataset):  # see NOTE [auto helper]
             auto_helper = partial(_helper, dataset, sampler, options, pipeline, prefetch_factor,
-                                  multiprocessing_context, max(1, usable_cpus() - 1))
+                                  multiprocessing_context, usable_cpus())
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                            options=options, pipeline=pipeline, helper=helper, auto_helper=auto_helper)
     batch_bytes = _batch_bytes(dataset, sampler, options, pipeline)
