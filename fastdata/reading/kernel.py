@@ -190,7 +190,7 @@ def check_pattern(pattern):
         raise OptionError(f"pattern should be one of {', '.join(map(repr, _ADVICE))}; got pattern={pattern!r}")
 
 
-# ---------------------------------------------------------------- the order's next reads
+# ---------------------------------------------------------------- maps at an address (NOTE [stitched rows])
 
 
 def available() -> bool:

@@ -18,7 +18,11 @@ from fastdata.errors import FormatError
 
 def fingerprint(path):
     """Return ``(size, mtime_ns, inode)`` of ``path``: what changes when a file is rewritten or replaced."""
-    stat = os.stat(path)
+    return fingerprint_of(os.stat(path))
+
+
+def fingerprint_of(stat):
+    """Return the ``fingerprint`` of a file from its ``os.stat_result``."""
     return stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
@@ -60,9 +64,9 @@ class LocalShards:
             raise FormatError(f"{where!r} is missing: {self.root!r}'s index lists it. Restore it, or "
                               "convert again") from None
 
-    def damage_advice(self, root):
-        """Return what to do about a shard of ``root`` that does not match its index."""
-        return f'Run "fastdata verify {root}" for details, and convert the source again.'
+    def damage_advice(self):
+        """Return what to do about a shard that does not match the folder's index."""
+        return f'Run "fastdata verify {self.root}" for details, and convert the source again.'
 
     fingerprint = staticmethod(fingerprint)
 
@@ -131,8 +135,8 @@ class CachedShards:
         """Return whether ``nbytes`` of shards fit the cache together."""
         return nbytes <= self.limit
 
-    def damage_advice(self, root):
-        """Return what to do about a shard of ``root`` that does not match its index."""
+    def damage_advice(self):
+        """Return what to do about a shard that does not match the folder's index."""
         return "Convert the source again, or restore the shard."
 
     def is_short(self, shard):

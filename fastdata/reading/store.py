@@ -444,7 +444,7 @@ class ShardStore:
     def _damaged(self, shard, what):
         return FormatError(
             f"{self._paths[shard]!r} {what}: shard {shard} of {self.index.root!r} does not match its {INDEX_NAME}. "
-            + self.source.damage_advice(self.index.root)
+            + self.source.damage_advice()
         )
 
     def column_offsets(self, shard):
@@ -479,7 +479,7 @@ class ShardStore:
 
         ``stat``: an ``os.stat_result`` (of the descriptor the caller reads), or None where the file is gone.
         """
-        self._compare_fingerprint(shard, None if stat is None else (stat.st_size, stat.st_mtime_ns, stat.st_ino))
+        self._compare_fingerprint(shard, None if stat is None else sources.fingerprint_of(stat))
 
     def changed_files(self):
         """Return ``{path: what changed}`` of the local shard files that are not the ones this store was opened on.
