@@ -93,6 +93,18 @@ def test_any_damaged_index_is_named_never_a_bare_error(folder, data):
         assert report.ok or os.fspath(root) in str(report)
 
 
+@pytest.mark.parametrize("value", [None, "x", [1]])
+def test_a_text_index_with_a_bad_pad_id_is_named(shard_converted, tmp_path, value):
+    # hypothesis found pad_id None raising a bare TypeError from the token decoder
+    root = tmp_path / "folder"
+    shutil.copytree(shard_converted("hdf5", "text"), root)
+    index = json.loads((root / "index.json").read_text())
+    index["metadata"]["tokenizer"]["pad_id"] = value
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(FastdataError, match="tokenizer.pad_id"):
+        read_everything(root)
+
+
 @pytest.mark.parametrize(("damage", "named"), [
     (lambda index: index["metadata"].pop("kind"), "field metadata.kind is missing"),
     (lambda index: index.__setitem__("metadata", None), "field metadata should be an object, got None"),

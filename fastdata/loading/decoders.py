@@ -282,8 +282,12 @@ class TokenDecoder(Decoder):
 
     def __init__(self, metadata, path):
         super().__init__(metadata, path)
-        self.pad_id = int(metadata["tokenizer"]["pad_id"])
-        self.max_length = int(metadata["lengths"]["max"])
+        try:
+            self.pad_id = int(metadata["tokenizer"]["pad_id"])
+            self.max_length = int(metadata["lengths"]["max"])
+        except (KeyError, TypeError, ValueError) as exc:  # damaged metadata: named, never a bare error
+            raise FormatError(f"{path!r}: its metadata holds no integer tokenizer.pad_id and lengths.max "
+                              f"({type(exc).__name__}: {exc}); convert the source again") from None
 
     def max_batch_bytes(self, batch_size, pad_to=None):
         width = self.max_length if pad_to is None else pad_to
