@@ -21,22 +21,6 @@ left to DataLoader pipes and shared memory), at least 128 and at most 4,096
 shards); ImageNet-1k as 224 px JPEG (20-60 GB, 300-900 shards) wants a
 limit of 8,192 (``ulimit -n``) or an explicit ``max_open_shards``.
 
-NOTE [shard fingerprint]: as for one file (NOTE [fingerprint] in
-datasets.py), a shard's ``(size, mtime_ns, inode)`` is taken when it is
-first opened and checked (its size against the index, its structure, offsets
-and labels), and compared again when it is reopened. While a shard stays
-open it is compared at most once every RECHECK_SECONDS, not before every
-batch: a sorted batch of shuffled samples touches many shards, and one
-``os.stat`` per shard per batch cost a quarter to a third of the rate.
-Measured on 2 shared cores, read_batch of sorted shuffled batches of 256
-over 8,000 raw 64x64 images, best of 7 epochs, 3 runs: one file 555-723k
-img/s; 2000-sample shards (4 parts a batch) 447-590k, with a stat per part
-256-492k; 250-sample shards (32 parts) 371-432k, with a stat 299-323k;
-32-sample shards (162 parts) 119-196k, with a stat 72-141k. A shard
-truncated under a reader is thus reported within a second of reading it,
-where the window of one file is one batch. One file is a store of one shard,
-compared before every read.
-
 NOTE [cached shards]: a store of a URL (fastdata.reading.remote) has a
 CachedShards source (sources.py) over a fastdata.storage.ShardCache: a shard is opened from its local
 copy, fetched (verified against the index's size and crc32) on first touch
@@ -58,30 +42,22 @@ from functools import partial
 import numpy as np
 
 from fastdata.errors import FormatError, OptionError
-from fastdata.formats import Columns, column_offsets
-from fastdata.formats.layout import bad_label_samples, format_samples, label_bounds
-from fastdata.formats.shards import (
-    COLUMN_FILES,
-    INDEX_NAME,
-    ShardIndex,
-    parse_column,
-    read_index,
-    shard_differences,
-    shard_mismatch,
-)
+from fastdata.formats import Columns
+from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.reading import sources
-from fastdata.reading.kernel import advise_column, column_spans, hint_spans
+from fastdata.reading.fingerprints import RECHECK_SECONDS, ShardChecks
+from fastdata.reading.kernel import advise_column
 from fastdata.reading.leases import Leases
 from fastdata.reading.parts import Parts, label_bases
 from fastdata.reading.readpaths import BY_SHARD, ONE_FILE, STITCHED, WINDOWS, ReadPaths
+from fastdata.reading.shardcolumns import ShardColumns
 from fastdata.reading.sources import LocalShards
 from fastdata.reading.stitch import StitchedRows
 
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
-RECHECK_SECONDS = 1.0  # see NOTE [shard fingerprint]
 
 
-class ShardStore:
+class ShardStore(ShardChecks, ShardColumns):
     """The shards of one dataset, opened on first touch in each process (see NOTE [open shards]).
 
     Pickles without its open shards, so it travels cheaply into DataLoader workers.
@@ -90,7 +66,8 @@ class ShardStore:
         index: the shards: names, sample ranges and sizes.
         read: ``read_hdf5`` or ``read_arrow``.
         max_open_shards: the most shards kept open between batches; None: ``default_max_open_shards()``.
-        recheck_seconds: how long an open shard is read before its fingerprint is compared again.
+        recheck_seconds: how long an open shard is read before its fingerprint is compared again (NOTE [shard
+            fingerprint] in fingerprints.py).
         source: where the shards' files come from (sources.py): None, the local files the index names; for
             shards at a URL, a CachedShards (see NOTE [cached shards]).
     """
@@ -370,7 +347,7 @@ class ShardStore:
             if shard in self._fingerprints:
                 self._check_unchanged(shard)
                 return _plain(self._read(path, check=False)[0])
-            return self._checked(shard, path)
+            return _plain(self._checked(shard, path))
         except BaseException:
             self._leases.drop(shard)
             del self._local[shard]
@@ -419,175 +396,6 @@ class ShardStore:
             finally:
                 self._lock.release()
 
-    def _checked(self, shard, path):
-        """Open the file ``path`` of ``shard`` checked in full: size, structure, samples, fingerprint."""
-        try:
-            fingerprint = self.source.fingerprint(path)
-        except FileNotFoundError:
-            raise self._damaged(shard, "is missing") from None
-        if fingerprint[0] != self.index.sizes[shard]:
-            raise self._damaged(shard, f"has {fingerprint[0]} bytes, the index says {self.index.sizes[shard]}")
-        try:
-            columns, metadata = self._read(path)
-        except FormatError as exc:
-            raise self._damaged(shard, f"is damaged ({exc})") from exc
-        expected = int(self.index.starts[shard + 1] - self.index.starts[shard])
-        differ = shard_differences(metadata, self.index.metadata)
-        if metadata["num_samples"] != expected or differ:
-            raise self._damaged(shard, f"holds {metadata['num_samples']} samples, the index says {expected}" if
-                                not differ else f"differs from the dataset in {', '.join(differ)}")
-        if (mismatch := shard_mismatch(self.index, shard, metadata)) is not None:  # see NOTE [shard identity]
-            raise self._damaged(shard, mismatch)
-        self._fingerprints[shard] = fingerprint
-        return _plain(columns)
-
-    def _damaged(self, shard, what):
-        return FormatError(
-            f"{self._paths[shard]!r} {what}: shard {shard} of {self.index.root!r} does not match its {INDEX_NAME}. "
-            + self.source.damage_advice()
-        )
-
-    def column_offsets(self, shard):
-        """Return ``(samples, labels)``: the byte offsets of ``shard``'s sample and label columns in its file.
-
-        The shard is opened (and checked) first.
-        """
-        self.columns([shard])
-        return column_offsets(self._path(shard))
-
-    def usual_remainder(self, modulo):
-        """Return the most common sample column offset modulo ``modulo`` of the first, middle and last shards.
-
-        The byte the stitched rows and the window reads lay their views out from (NOTE [stitched rows],
-        NOTE [window reads]). Read without opening the shards: a shard that cannot be read so has no say
-        (it is checked, and its damage reported, when it is opened). None where no shard could be read, or
-        for a cached store (its shards are not fetched for this).
-        """
-        paths = self.source.local_paths
-        if paths is None:
-            return None
-        last, remainders = self.index.num_shards - 1, []
-        for shard in sorted({0, last // 2, last}):
-            try:
-                remainders.append(column_offsets(paths[shard])[0] % modulo)
-            except (OSError, ValueError, FormatError):  # pyarrow's ArrowInvalid is a ValueError
-                continue
-        return max(remainders, key=remainders.count) if remainders else None
-
-    def check_unchanged(self, shard, stat):
-        """Raise FormatError unless ``stat`` of ``shard``'s file matches the fingerprint it was checked with.
-
-        ``stat``: an ``os.stat_result`` (of the descriptor the caller reads), or None where the file is gone.
-        """
-        self._compare_fingerprint(shard, None if stat is None else sources.fingerprint_of(stat))
-
-    def changed_files(self):
-        """Return ``{path: what changed}`` of the local shard files that are not the ones this store was opened on.
-
-        A shard checked in this process is compared with its fingerprint, any other with its size in the index
-        (one stat per shard: for explaining a failure, not for every batch). A cached store's copies: none.
-        """
-        if self.source.local_paths is None:
-            return {}
-        changed = {}
-        for shard, path in enumerate(self.source.local_paths):
-            try:
-                now = self.source.fingerprint(path)
-            except FileNotFoundError:
-                now = None
-            before = self._fingerprints.get(shard)
-            if before is not None and now != before:
-                changed[path] = _change(before, now)
-            elif before is None and (now is None or now[0] != self.index.sizes[shard]):
-                size = self.index.sizes[shard]
-                changed[path] = "was deleted" if now is None else f"has {now[0]} bytes, the index says {size}"
-        return changed
-
-    def _check_unchanged(self, shard):
-        """Raise FormatError if ``shard`` is not the file it was when first checked (see NOTE [fingerprint])."""
-        try:
-            now = self.source.fingerprint(self._path(shard))
-        except FileNotFoundError:
-            now = None
-        self._compare_fingerprint(shard, now)
-
-    def _compare_fingerprint(self, shard, now):
-        before = self._fingerprints[shard]
-        if now != before:
-            raise FormatError(
-                f"{self._paths[shard]!r} {_change(before, now)} after this dataset was opened; a packed file must "
-                "not change while it is read. Open it again (open_dataset) to read the new file, or put the old one "
-                "back."
-            )
-
-    def advise(self, pattern):
-        """Set the access ``pattern`` ("random", "normal") of every shard's sample column: open ones and later ones."""
-        self._advice = pattern
-        if self._pid == os.getpid():
-            with self._lock:
-                for columns in self._open:
-                    if columns is not None:
-                        advise_column(columns.samples, pattern)
-
-    def hint(self, ranges, hint, give=None):
-        """Give the kernel a ``hint`` ("will_need", "done") on the sample bytes of int64 ``[K, 2]`` global ``ranges``.
-
-        Returns whether it was asked (see ``hint_spans``, which ``give`` goes to); ``ranges`` are checked.
-        """
-        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
-        if not len(ranges):
-            return False
-        starts = self.index.starts
-        first = self.index.shard_of(ranges[:, 0])
-        last = self.index.shard_of(ranges[:, 1] - 1)
-        if (first != last).any():  # a range over shards: cut it at their starts
-            cuts = [[start, *starts[shard + 1:end + 1].tolist(), stop]
-                    for (start, stop), shard, end in zip(ranges.tolist(), first.tolist(), last.tolist())]
-            ranges = np.array([(a, b) for bounds in cuts for a, b in zip(bounds, bounds[1:])], dtype=np.int64)
-            first = self.index.shard_of(ranges[:, 0])
-        shards, where = np.unique(first, return_inverse=True)
-        spans = [column_spans(columns.samples, columns.offsets, ranges[where == k] - starts[shard])
-                 for k, (shard, columns) in enumerate(zip(shards.tolist(), self.columns(shards)))]
-        return hint_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]), hint, give)
-
-    def labels(self):
-        """Return int64 labels ``[N]``: the file's memory map, or every shard's concatenated once."""
-        if self.index.num_shards == 1:
-            return self.columns([0])[0].labels
-        return self._concatenated("labels", lambda columns: np.asarray(columns.labels))
-
-    def lengths(self):
-        """Return int64 stored lengths ``[N]`` of ragged samples, or None for fixed-size ones."""
-        if self.index.num_shards == 1:
-            offsets = self.columns([0])[0].offsets
-            return None if offsets is None else np.diff(offsets)
-        return self._concatenated("lengths", lambda columns: None if columns.offsets is None
-                                  else np.diff(columns.offsets))
-
-    def _concatenated(self, name, column):
-        """Return ``column(columns)`` of every shard, concatenated, made once: from the column file the index
-        lists (NOTE [column files] in formats/shards.py), else each shard read (through the cache)."""
-        if name not in self._cached:
-            entry = self.index.columns.get(name)
-            if entry is not None:
-                self._cached[name] = self._column_file(entry)
-            else:
-                parts = [column(self.columns([shard])[0]) for shard in range(self.index.num_shards)]
-                self._cached[name] = None if parts and parts[0] is None else np.concatenate(
-                    [np.empty(0, np.int64), *parts]).astype(np.int64)
-        return self._cached[name]
-
-    def _column_file(self, entry):
-        """Return the column in the file of ``entry`` beside the shards, checked against it."""
-        where = os.path.join(self.index.root, entry["name"])  # a path, or a URL (as index.path)
-        data = self.source.read_file(entry["name"])
-        values = parse_column(data, entry, self.index.num_samples, where)
-        if entry["name"] == COLUMN_FILES["labels"] and len(bad := bad_label_samples(values, self.index.metadata)):
-            raise FormatError(f"{where!r} holds labels outside {label_bounds(self.index.metadata)}, the classes its "
-                              f"{INDEX_NAME} lists, at {format_samples(bad)}: the index's classes are cut short or the "
-                              f'labels damaged. Run "fastdata verify {self.index.root}" for details, and convert again')
-        return values
-
     def __getstate__(self):
         state = {**self.__dict__, "_open": None, "_checked_at": None, "_label_bases": None, "_lock": None,
                  "_pid": None, "_cached": {}, "_local": None, "windows": None, "_leases": None}
@@ -626,13 +434,3 @@ def _plain(columns):
     """Return ``columns`` as plain ndarray views: indexing a numpy memmap costs ~12 us more per call."""
     offsets = None if columns.offsets is None else np.asarray(columns.offsets)
     return Columns(np.asarray(columns.samples), np.asarray(columns.labels), offsets)
-
-
-def _change(before, now):
-    if now is None:
-        return "was deleted"
-    if now[2] != before[2]:
-        return "was replaced by another file"
-    if now[0] != before[0]:
-        return f"changed size from {before[0]} to {now[0]} bytes"
-    return "was modified"
