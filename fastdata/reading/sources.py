@@ -152,7 +152,7 @@ class CachedShards:
         return cache.used_bytes() + incoming + self._largest > self.limit
 
     fingerprint = staticmethod(fingerprint)  # a copy rewritten under its reader is noticed: see NOTE [verified
-    # shards] in storage/cache.py (the cache no longer touches a shard's mtime)
+    # shards] in storage/cachefolder.py (the cache no longer touches a shard's mtime)
 
     def __getstate__(self):
         return {**self.__dict__, "_pid": None, "_fs_pid": None}

@@ -1,6 +1,7 @@
 """The shard cache under real use: shards changed in it between runs, and small limits shared by readers.
 
-NOTE [verified shards] and NOTE [no waiting on readers] in fastdata/storage/cache.py.
+NOTE [verified shards] in fastdata/storage/cachefolder.py and NOTE [no waiting on readers] in
+fastdata/storage/cache.py.
 """
 
 import hashlib

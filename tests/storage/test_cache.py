@@ -17,7 +17,8 @@ from fastdata.errors import FormatError, NotFoundError, OptionError
 from fastdata.formats.shards import read_index
 from fastdata.measure.throttle import ThrottlingProxy
 from fastdata.storage import filesystem, read_remote_index
-from fastdata.storage.cache import ShardCache, boot_id, cache_key, cache_root
+from fastdata.storage.cache import ShardCache, cache_key, cache_root
+from fastdata.storage.cachefolder import boot_id
 
 FETCHER = pathlib.Path(__file__).with_name("fetcher.py")
 
@@ -391,10 +392,11 @@ def test_shards_from_an_earlier_boot_are_evicted_to_make_room(remote_shards, s3_
 
 def test_without_a_boot_id_every_download_is_synced(remote_shards, s3_server, tmp_path, monkeypatch):
     import fastdata.storage.cache as cache_module
+    import fastdata.storage.cachefolder as folder_module
 
     _, url = remote_shards()
     synced = []
-    monkeypatch.setattr(cache_module, "_BOOT_ID", str(tmp_path / "no-such-file"))
+    monkeypatch.setattr(folder_module, "_BOOT_ID", str(tmp_path / "no-such-file"))
     monkeypatch.setattr(cache_module.os, "fsync", lambda fd: synced.append(fd))
     cache = s3_cache(url, s3_server.endpoint, tmp_path)
     cache.fetch(0)
