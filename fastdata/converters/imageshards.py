@@ -16,12 +16,12 @@ from fastdata.converters.imageprep import (
 )
 from fastdata.converters.parallel import run_tasks
 from fastdata.converters.report import ConversionReport, handle_bad_input
+from fastdata.converters.shardfolder import open_shard_folder
 from fastdata.converters.shards import (
     DEFAULT_SHARD_BYTES,
     disk_full,
     index_shards,
     label_runs,
-    open_shard_folder,
     part_tasks,
     samples_per_shard,
     save_record,

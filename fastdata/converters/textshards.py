@@ -10,10 +10,9 @@ import os
 
 import numpy as np
 
+from fastdata.converters.shardfolder import check_replaceable, check_same_settings
 from fastdata.converters.shards import (
     DEFAULT_SHARD_BYTES,
-    check_replaceable,
-    check_same_settings,
     container_of,
     damaged_files,
     is_folder_output,
