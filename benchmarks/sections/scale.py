@@ -318,6 +318,7 @@ def measure_loader(args):
     from fastdata.errors import FastPathWarning
     from fastdata.measure.engine import close_loader
     from fastdata.measure.pagecache import ReadCounter, sequential_read
+    from fastdata.reading.windows import WindowAhead
 
     dataset = open_dataset(args["path"])
     drop = _cold(args["paths"])
@@ -334,8 +335,8 @@ def measure_loader(args):
         close_loader(loader)
     sample_bytes = count * args["sample_bytes"]
     order = loader.sampler.describe() if hasattr(loader.sampler, "describe") else None
-    if order is not None and loader.sampler.readahead is not None:  # see NOTE [window reads] in windows.py
-        order["windows_read_whole"] = getattr(loader.sampler.readahead, "windows", None) is not None
+    if order is not None and loader.steps.readahead is not None:  # see NOTE [window reads] in windows.py
+        order["windows_read_whole"] = isinstance(loader.steps.readahead, WindowAhead)
     return {"drop": drop, "samples": count, "batches": len(mixes), "seconds": seconds,
             "end_to_end_samples_per_s": count / seconds,
             "samples_per_s": (count - first_count) / (seconds - first) if count > first_count else count / seconds,

@@ -344,7 +344,7 @@ def remote_order(setup, kind):
         loader, _ = make(setup, kind, setup["urls"][kind], None, setup["proxies"][str(LIMIT_LATENCY)],
                          cache_dir=cache_dir)
         order = loader.sampler.order
-        _stop_fetching(loader)
+        loader.close()  # its read-ahead would fetch the next epoch's shards
         return {"shuffle": order.shuffle, "block_size": order.block_size, "window": order.window}
 
 
@@ -357,13 +357,6 @@ def _cache_folder(setup):
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _stop_fetching(loader):
-    """Stop a fastdata loader's prefetching threads (they would fetch the next epoch's shards)."""
-    readahead = getattr(getattr(loader, "sampler", None), "readahead", None)
-    if readahead is not None and hasattr(readahead, "close"):
-        readahead.close()
 
 
 def remote_epochs(setup, kind, latency, local, cache_limit=None):
@@ -414,7 +407,6 @@ def _timed_epochs(build, num_samples, local, passes):
             remote.append(local.epochs * num_samples / (time.perf_counter() - started))
     finally:
         close_loader(loader)
-        _stop_fetching(loader)
     return {"first_batch_seconds": first - began, "epoch1_samples_per_s": num_samples / (ended - began),
             "epoch1_after_first_samples_per_s": (num_samples - first_count) / (ended - first),
             "epoch2_samples_per_s": statistics.median(remote),

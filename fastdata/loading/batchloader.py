@@ -40,14 +40,14 @@ class BatchLoader(Resumable):
     batch_sampler = None  # as a DataLoader's whose sampler yields whole batches: trainers look for it
 
     def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None,
-                 helper=None, auto_helper=None):
+                 helper=None, auto_helper=None, readahead=None):
         self.dataset = self.packed_dataset = dataset
         self.helper = helper  # a HelperProcess that reads every batch, or None: read here
         self._make_auto_helper = auto_helper  # makes the HelperProcess of NOTE [auto helper], or None
         self.auto_helper = None  # that HelperProcess, once made
         self.sampler = sampler
         self.pipeline = pipeline  # a DevicePipeline, or None
-        self._steps = Steps(sampler)
+        self.steps = Steps(sampler, readahead)  # the cursor the read-ahead follows: NOTE [one read-ahead] in state.py
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
@@ -64,6 +64,7 @@ class BatchLoader(Resumable):
         for helper in (self.helper, self.auto_helper):
             if helper is not None:
                 helper.close()
+        self.steps.close()
 
     def __enter__(self):
         return self
@@ -87,7 +88,7 @@ class BatchLoader(Resumable):
 
     def _read(self, steps):
         """Yield the batch of each step; see NOTE [pipelined reads] and NOTE [grouped reads]."""
-        if self.pipeline is None and (group := _read_group(self.dataset, self.sampler, self.batch_size)) > 1:
+        if self.pipeline is None and (group := _read_group(self.dataset, self.steps, self.batch_size)) > 1:
             yield from self._read_groups(steps, group)
             return
         if self.pipeline is not None or not _pipelines_reads(self.dataset, self.batch_size):
@@ -216,7 +217,7 @@ class BatchLoader(Resumable):
         # steps against 0.32 / 0.57 / 1.04 for helper_process=True, 64 px raw
         # unchanged (0.90 / 0.92 / 0.97), in one busystep run: the OS shares
         # the cores between the helper's threads and the loop.
-        return (self._make_auto_helper is not None and getattr(self.sampler, "readahead", None) is None
+        return (self._make_auto_helper is not None and self.steps.readahead is None
                 and self._body.keeps_a_core_busy())
 
     def _switching(self, steps, first):
@@ -294,7 +295,7 @@ class BatchLoader(Resumable):
         if not isinstance(self.sampler, EpochSampler) or not self._body.busy or tap.cut:  # not busy: read inline
             return
         epoch = self.sampler.epoch
-        indices = iter(self.sampler.batches(epoch))
+        indices = iter(self.steps.batches(epoch))
         try:
             first = self._read_batch(next(indices), epoch)
         except Exception:  # StopIteration or a read error: the next epoch reads (and raises) as usual
@@ -309,7 +310,7 @@ class BatchLoader(Resumable):
             if self.sampler.epoch == epoch and self.sampler.start_step == 0:  # untouched, or set_epoch to the same
                 self.sampler.set_epoch(epoch + 1)  # this epoch is read: as iterating the sampler would
                 return first, ((epoch, batch) for batch in indices)
-        return None, iter(self._steps)
+        return None, iter(self.steps)
 
 
 class _Cuttable:
@@ -327,9 +328,9 @@ class _Cuttable:
         return next(self.steps)
 
 
-def _read_group(dataset, sampler, batch_size):
-    """Return how many batches of ``sampler`` are read as one: see NOTE [grouped reads]."""
-    if (batch_size is None or getattr(sampler, "readahead", None) is not None or not reads_plainly(dataset)
+def _read_group(dataset, steps, batch_size):
+    """Return how many batches of ``steps`` (a Steps) are read as one: see NOTE [grouped reads]."""
+    if (batch_size is None or steps.readahead is not None or not reads_plainly(dataset)
             or not dataset.copies_in_background):
         return 1
     return max(1, min(MAX_GROUP, GROUP_BYTES // dataset.max_batch_bytes(batch_size)))

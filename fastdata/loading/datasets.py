@@ -26,7 +26,7 @@ check costs 2.8 us (os.stat 2.3 us), against 60-120 us for a read_batch of
 an item read alone takes ~10 us, so ds[i] pays ~25%, while DataLoader reads
 through __getitems__ with one check per batch. The checks live in
 ShardStore, which holds one file as a single shard; the shards of a folder
-are compared less often (NOTE [shard fingerprint] in store.py).
+are compared less often (NOTE [shard fingerprint] in reading/fingerprints.py).
 """
 
 import functools

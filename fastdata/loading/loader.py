@@ -41,6 +41,7 @@ from fastdata.reading.order import SHUFFLES
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
 from fastdata.reading.shuffles import block_settings, choose_shuffle
+from fastdata.reading.windows import WindowAhead
 
 
 def make_loader(
@@ -206,8 +207,12 @@ def make_loader(
         pin_memory = device is None and torch.cuda.is_available()  # a pipeline pins into its own buffers
     order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
                      "world_size": world_size, "block_size": block_size, "window": window}
+    readahead = None  # see NOTE [one read-ahead] in state.py
     if batch_sampler is None:
-        sampler = _index_sampler(dataset, batch_size, seed, **order_options, one_reader=num_workers == 0)
+        remote = isinstance(dataset, PackedDataset) and dataset.is_remote
+        fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"  # the page cache
+        sampler = _index_sampler(dataset, batch_size, seed, **order_options, remote=remote, fits=fits)
+        readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=num_workers == 0)
     else:
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
@@ -219,24 +224,24 @@ def make_loader(
             auto_helper = partial(_helper, dataset, sampler, options, pipeline, prefetch_factor,
                                   multiprocessing_context, usable_cpus())
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                           options=options, pipeline=pipeline, helper=helper, auto_helper=auto_helper)
+                           options=options, pipeline=pipeline, helper=helper, auto_helper=auto_helper,
+                           readahead=readahead)
     batch_bytes = _batch_bytes(dataset, sampler, options, pipeline)
     slots = None if batch_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
-    return worker_loader(dataset, sampler, slots, options, pipeline, num_workers=num_workers, pin_memory=pin_memory,
+    return worker_loader(dataset, sampler, slots, options, pipeline, readahead, num_workers=num_workers,
+                         pin_memory=pin_memory,
                          prefetch_factor=max(prefetch_factor, 1), persistent_workers=persistent_workers,
                          multiprocessing_context=multiprocessing_context)
 
 
 def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, rank, world_size, block_size,
-                   window, one_reader=False):
+                   window, remote, fits):
     """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default.
 
-    ``one_reader``: this process reads every batch of its rank (no workers).
+    ``remote``: the dataset is at a URL; ``fits``: it stays in the page cache (NOTE [auto shuffle] in shuffles.py).
     """
     group = dist.is_available() and dist.is_initialized()
     resolve_rank(rank, world_size)  # checked now
-    remote = isinstance(dataset, PackedDataset) and getattr(dataset, "is_remote", False)
-    fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"  # the page cache
     chosen = shuffle is True or shuffle == "auto"
     shuffle = _shuffle_mode(shuffle, fits and not remote, group)
     if shuffle == "block" and None in (block_size, window):
@@ -249,13 +254,14 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
                                 remainder=remainder, rank=rank, world_size=world_size, block_size=block_size,
                                 window=window)
     sampler.chosen_here = chosen and not group  # see NOTE [late rank] in samplers.py
-    sampler.make_readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=one_reader)
-    sampler.readahead = sampler.make_readahead(sampler)
     return sampler
 
 
 def _readahead(dataset, sampler, *, remote, fits, one_reader):
-    """Return the read-ahead that follows ``sampler``'s order on this rank, or None where none pays."""
+    """Return the ReadsAhead that follows ``sampler``'s order on this rank, or None where none pays.
+
+    ``one_reader``: this process reads every batch of its rank (no workers).
+    """
     if remote and dataset.prefetch != 0:  # see NOTE [remote read-ahead] in remote.py
         ahead = prefetch_shards(dataset, sampler.order)
         return ShardReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, ahead)
@@ -273,7 +279,9 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
     # reads] in windows.py); workers and ranks share their reads through the page cache.
     alone = sampler.shuffle == "block" and one_reader and sampler.world_size == 1
     windows = dataset.read_windows(sampler.order) if alone else None
-    return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, windows=windows, fits=fits)
+    if windows is not None:
+        return WindowAhead(windows, sampler.rank, sampler.world_size)
+    return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
 
 
 def _default_block_settings(dataset, remote, group):

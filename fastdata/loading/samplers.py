@@ -123,9 +123,14 @@ class EpochSampler(abc.ABC):
 
     def __iter__(self) -> Iterator[np.ndarray]:
         self.bind(iterating=True)
-        epoch, start = self.epoch, self.start_step  # a generator: the epoch advances when its first batch is
-        self.epoch, self.start_step = epoch + 1, 0  # asked for, as torch's DataLoader calls iter() twice on its first
-        yield from self.batches(epoch, start)  # epoch
+        # a generator: the epoch advances when its first batch is asked for, as torch's DataLoader calls iter()
+        yield from self.batches(*self.take_epoch())  # twice on its first epoch
+
+    def take_epoch(self) -> tuple[int, int]:
+        """Return ``(epoch, start step)`` of the iteration starting now, and move on to the next epoch from step 0."""
+        epoch, start = self.epoch, self.start_step
+        self.epoch, self.start_step = epoch + 1, 0
+        return epoch, start
 
     def __len__(self) -> int:
         self.bind()
@@ -175,10 +180,6 @@ class BatchIndexSampler(EpochSampler):
     batch: a batch is a set to the optimizer, and sorted reads go through the
     file in one forward pass.
 
-    ``readahead``, if set, is an object with ``start(epoch, step)`` and
-    ``advance(step)``, told when an epoch's batches begin and as each
-    batch's indices are produced (make_loader sets a ReadAhead).
-
     Args:
         num_samples: size of the dataset.
         batch_size: samples per batch of this rank.
@@ -203,8 +204,6 @@ class BatchIndexSampler(EpochSampler):
             raise OptionError("shuffle='block' needs block_size and window (make_loader picks them from the dataset)")
         self._settings = {"shuffle": shuffle, "block_size": block_size or 1, "window": window or 1}
         self._remainder, self._drop_last = remainder, drop_last
-        self.readahead = None
-        self.make_readahead = None  # make_loader's: readahead of this sampler, made again when bind changes it
         self.chosen_here = False  # make_loader chose the settings on this rank: rank 0's win when bound later
         self._make_order()
 
@@ -223,8 +222,6 @@ class BatchIndexSampler(EpochSampler):
             dist.broadcast_object_list(settings, src=0)
             self._settings = settings[0]
         self._make_order()
-        if self.make_readahead is not None:
-            self.readahead = self.make_readahead(self)
 
     def __len__(self):
         self.bind()
@@ -251,15 +248,10 @@ class BatchIndexSampler(EpochSampler):
         all of it is the order's keyed permutations (~200 ns a sample).
         """
         self.bind(iterating=True)
-        if self.readahead is not None:
-            self.readahead.start(epoch, start_step)
         steps = max(1, min(_CHUNK_STEPS, _CHUNK_SAMPLES // self.batch_size))
         for first in range(start_step, self.order.num_steps, steps):
             chunk = range(first, min(first + steps, self.order.num_steps))
-            for step, batch in zip(chunk, self._chunk(epoch, chunk), strict=True):
-                if self.readahead is not None:
-                    self.readahead.advance(step)
-                yield batch
+            yield from self._chunk(epoch, chunk)
 
     def _chunk(self, epoch, steps):
         """Return this rank's sorted batch of each of ``steps`` (a range), from one ``order.samples`` call."""

@@ -10,24 +10,68 @@ STATE_VERSION = 2  # of state_dict's format and of the order it resumes (2: the 
 
 
 class Steps:
-    """A batch sampler's batches as ``(epoch, indices)``: an EpochSampler's epoch, or epochs counted here.
+    """The cursor a loader and its read-ahead both follow: a batch sampler's batches as ``(epoch, indices)``.
 
-    The epoch goes with each batch to the device pipeline's augmentation (see NOTE [device pipeline]).
+    NOTE [one read-ahead]: every way of getting ahead of the reader (kernel
+    hints, window reads, shard fetches; readahead.ReadsAhead) is told by
+    this cursor, and only by it, where an epoch starts and which step's
+    indices were just produced, as the loader asks for them: the sampler
+    stays a pure order, and a walk of it elsewhere moves nothing (Mosaic
+    Streaming's iterator is shared the same way by its yield loop and its
+    download thread). ``make_readahead(sampler)`` (make_loader's) returns
+    the ReadsAhead of the sampler's order, or None where none pays; it is
+    made again when binding to a process group changed the order, before
+    the loader's workers start (the advice it sets travels with the dataset).
+    The epoch goes with each batch to the device pipeline's augmentation
+    (see NOTE [device pipeline]); ``epochs=False`` yields the indices alone.
     """
 
-    def __init__(self, sampler):
-        self.sampler, self.epochs = sampler, 0
+    def __init__(self, sampler, make_readahead=None, *, epochs=True):
+        self.sampler, self.epochs, self._with_epochs = sampler, 0, epochs
+        self._make_readahead, self._order, self.readahead = make_readahead, None, None
+        self.follow()
+
+    def follow(self):
+        """Return the ReadsAhead of the sampler's order as bound now (made again where binding changed it), or None."""
+        if self._make_readahead is None:
+            return None
+        self.sampler.bind()
+        if self.sampler.order is not self._order:
+            self.close()
+            self._order, self.readahead = self.sampler.order, self._make_readahead(self.sampler)
+        return self.readahead
+
+    def batches(self, epoch, start=0):
+        """Yield the indices of ``epoch``'s batches from global step ``start`` on (an EpochSampler's), telling the
+        read-ahead."""
+        self.sampler.bind(iterating=True)
+        readahead = self.follow()
+        if readahead is None:
+            yield from self.sampler.batches(epoch, start)
+            return
+        readahead.start(epoch, start)
+        for step, indices in enumerate(self.sampler.batches(epoch, start), start):
+            readahead.advance(step)
+            yield indices
 
     def __iter__(self):  # a generator: the epoch is taken when the first batch is asked for, as the sampler's
         if isinstance(self.sampler, EpochSampler):
-            epoch = self.sampler.epoch
+            self.sampler.bind(iterating=True)
+            epoch, start = self.sampler.take_epoch()
+            batches = self.batches(epoch, start)
         else:
             epoch, self.epochs = self.epochs, self.epochs + 1
-        for indices in self.sampler:
-            yield epoch, indices
+            batches = iter(self.sampler)
+        for indices in batches:
+            yield (epoch, indices) if self._with_epochs else indices
 
     def __len__(self):
         return len(self.sampler)
+
+    def close(self):
+        """End the read-ahead's threads (the next epoch starts them again)."""
+        if self.readahead is not None:
+            self.readahead.close()
 
 
 class Resumable:

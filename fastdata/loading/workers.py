@@ -9,13 +9,14 @@ from fastdata.loading.state import Resumable, Steps
 from fastdata.loading.transport import SlotBatch
 
 
-def worker_loader(dataset, sampler, slots, options, pipeline, **loader_options):
+def worker_loader(dataset, sampler, slots, options, pipeline, readahead=None, **loader_options):
     """Return a WorkerLoader whose workers read ``sampler``'s batches of ``dataset`` whole, into ``slots`` if given.
 
+    ``readahead``: make_loader's maker of the sampler's ReadsAhead (NOTE [one read-ahead] in state.py), or None.
     ``loader_options``: num_workers, pin_memory, prefetch_factor, persistent_workers, multiprocessing_context.
     """
     reader = None if pipeline is None else pipeline.reader
-    return WorkerLoader(_WholeBatches(dataset, slots, options, reader), sampler, pipeline, **loader_options)
+    return WorkerLoader(_WholeBatches(dataset, slots, options, reader), sampler, pipeline, readahead, **loader_options)
 
 
 class WorkerLoader(Resumable):
@@ -32,12 +33,12 @@ class WorkerLoader(Resumable):
     _unfinished = None  # the torch iterator of an iteration left before its end (NOTE [abandoned iterations])
     batch_sampler = None  # as a DataLoader's whose sampler yields whole batches: trainers look for it
 
-    def __init__(self, dataset, sampler, pipeline=None, **loader_options):
+    def __init__(self, dataset, sampler, pipeline=None, readahead=None, **loader_options):
         self.dataset, self.sampler, self.pipeline = dataset, sampler, pipeline
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         # with a pipeline, the workers get (epoch, indices) to read a HostBatch (see NOTE [device pipeline])
-        steps = sampler if pipeline is None else Steps(sampler)
-        self._loader = DataLoader(dataset, batch_size=None, sampler=steps, collate_fn=_as_is,
+        self.steps = Steps(sampler, readahead, epochs=pipeline is not None)  # NOTE [one read-ahead] in state.py
+        self._loader = DataLoader(dataset, batch_size=None, sampler=self.steps, collate_fn=_as_is,
                                   worker_init_fn=_start_worker, **loader_options)
         for name in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "multiprocessing_context"):
             setattr(self, name, getattr(self._loader, name))
@@ -54,6 +55,7 @@ class WorkerLoader(Resumable):
         self._end_unfinished()
         position = self._begin_epoch()  # see NOTE [loader state]
         iterator = None
+        self.steps.follow()  # bound to a process group now: its advice goes to the workers starting below
         try:
             with held_signals(start_method(self._loader.multiprocessing_context)):  # NOTE [forked SIGTERM]
                 self._unfinished = iterator = iter(self._loader)  # the workers start here
@@ -110,6 +112,7 @@ class WorkerLoader(Resumable):
         """Stop the worker processes now (a later epoch starts new ones)."""
         self._end_unfinished()
         close_workers(self._loader)
+        self.steps.close()
 
     def __enter__(self):
         return self
@@ -150,7 +153,7 @@ class WorkerLoader(Resumable):
 # NOTE [worker bus error]: a worker reads its files through memory maps,
 # and a file truncated under a map kills the reader with SIGBUS on its next
 # touch past the new end. A worker's own check (NOTE [shard fingerprint] in
-# reading/store.py) catches the change only where it runs before that touch: a
+# reading/fingerprints.py) catches the change only where it runs before that touch: a
 # JPEG .h5 (1.9 MB) truncated to half 0.5-1.2 s into reading with 2 workers
 # gave torch's "DataLoader worker ... killed by signal: Bus error ... out
 # of shared memory" or "... exited unexpectedly" in 4 of 8 trials (a raw

@@ -173,7 +173,10 @@ def touch(tensor):
 
 
 def close_loader(loader):
-    """Stop a DataLoader's persistent workers now rather than at some later garbage collection."""
+    """Stop a loader's threads and persistent workers now rather than at some later garbage collection."""
+    if hasattr(loader, "close"):  # fastdata's loaders: workers, helper, read-ahead
+        loader.close()
+        return
     from fastdata.loading.workers import close_workers  # torch is loaded already: ``loader`` is a DataLoader
 
     close_workers(loader)

@@ -216,6 +216,11 @@ class EpochOrder:
         boundary = (short_window + 1) * span - self._short
         return position // span if position < boundary else (position + self._short) // span
 
+    def window_after(self, epoch: int, window: int) -> tuple[int, int]:
+        """Return ``(epoch, window)`` read after ``window`` of ``epoch``: the next, or the next epoch's first."""
+        last = (window + 1) * self.window >= self.num_blocks
+        return epoch + last, 0 if last else window + 1
+
     def block_ranges(self, epoch: int) -> np.ndarray:
         """Return int64 ``[num_blocks, 2]``: the samples ``[start, stop)`` of the block in each slot of ``epoch``.
 

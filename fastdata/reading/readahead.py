@@ -50,15 +50,37 @@ import os
 import queue
 import threading
 import weakref
+from typing import Protocol
 
 import numpy as np
 
 from fastdata.reading.kernel import HINT_PROBES
+from fastdata.reading.order import EpochOrder
 
 QUIET_STEPS = 64  # the longest stretch of steps left unhinted while the data is resident; NOTE [resident hints]
 LOOKAHEAD = 4  # steps of a uniform order hinted ahead of the one read; see NOTE [read ahead]
 PENDING_HINTS = 64  # hints queued for the hint threads before the reader waits; see NOTE [hint thread]
 HINT_THREADS = 2  # threads giving one ReadAhead's hints; see NOTE [hint thread]
+
+
+class ReadsAhead(Protocol):
+    """What a loader's step cursor tells the read-ahead of its order (see NOTE [one read-ahead] in state.py).
+
+    Kernel hints (ReadAhead), window reads (windows.WindowAhead) and shard
+    fetches (remote.ShardReadAhead) implement it; ``close`` ends their
+    threads, which a later ``start`` makes again.
+    """
+
+    order: EpochOrder
+
+    def start(self, epoch: int, step: int) -> None:
+        """Begin ``epoch`` at global step ``step``: get its first steps' reads going."""
+
+    def advance(self, step: int) -> None:
+        """Note that ``step``'s indices were just produced: get the next reads going."""
+
+    def close(self) -> None:
+        """End the threads started here (the reads already asked for may still land)."""
 
 
 class ReadAhead:
@@ -69,26 +91,23 @@ class ReadAhead:
     read (see NOTE [read ahead]): "uniform" marks the sample maps random and
     hints this rank's rows of the next ``lookahead`` steps, "block" hints a
     whole window of blocks when the one before it starts, "none" leaves the
-    kernel's own read-ahead to the sequential reads.
+    kernel's own read-ahead to the sequential reads. A ReadsAhead.
 
     Args:
-        dataset: a PackedDataset (anything with ``advise`` and ``will_need``).
+        dataset: a PackedDataset (anything with ``advise``, ``will_need`` and ``done_with``).
         order: the EpochOrder the batches come from.
         rank: this rank; world_size: ranks sharing each global batch.
         lookahead: steps hinted ahead of the one being read ("uniform").
-        windows: for "block", the dataset's WindowReads (``read_windows``), told which windows to read
-            instead of hints; None: hints.
         fits: whether the dataset stays in the page cache (make_loader's decision, NOTE [auto shuffle] in
             shuffles.py): a "block" window's pages are then marked done when it ends, else reclaimed at once.
     """
 
-    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD, windows=None, *, fits):
+    def __init__(self, dataset, order, rank=0, world_size=1, lookahead=LOOKAHEAD, *, fits):
         self.dataset, self.order, self.rank, self.world_size = dataset, order, rank, world_size
         self.lookahead = lookahead
-        self.windows = windows  # a WindowReads: "block" windows read whole, not hinted (NOTE [window reads])
         self.mode = order.shuffle
         dataset.advise("normal" if self.mode == "none" else "random")
-        self._drop = self.mode == "block" and not fits  # windows read: reclaim at once
+        self._drop = self.mode == "block" and not fits  # reclaimed at once
         self._epoch, self._hinted, self._window, self._quiet = 0, 0, None, 0
         self._next, self._done = np.empty((0, 2), np.int64), 0  # the next window's ranges, how many hinted
         self._hints = _HintThread() if self.mode != "none" else None
@@ -102,6 +121,11 @@ class ReadAhead:
         """Wait until every hint asked for so far was given (a block order gives them on a thread)."""
         if self._hints is not None:
             self._hints.flush()
+
+    def close(self) -> None:
+        """End the hint threads once the hints queued are given; a later hint starts them again."""
+        if self._hints is not None:
+            self._hints.close()
 
     def advance(self, step: int) -> None:
         """Note that ``step``'s indices were just produced; hint what is read next."""
@@ -155,7 +179,7 @@ class ReadAhead:
     # at 37,600 img/s, the sequential rate, CPU-bound. done_with acts on the
     # pages this process mapped: a worker's reads are not reclaimed early.
     # One process reading alone reads its windows whole instead, with no
-    # map and no hints (NOTE [window reads] in windows.py).
+    # hints (windows.WindowAhead, NOTE [window reads] in windows.py).
     def _hint_windows(self, step):
         """Hint the window of ``step`` whole when an epoch starts there, and the next one a share per step.
 
@@ -167,17 +191,13 @@ class ReadAhead:
             return
         order = self.order
         window = order.window_of(self._epoch, start)
-        if window != self._window and self.windows is not None:  # this window and the next, read whole
-            self.windows.want([(self._epoch, window), self._window_after(window)])
-            self._window = window
-            return
         if window != self._window:
             if self._window is None:  # an epoch starts here: its current window too, at once
                 self._hints.submit(self.dataset.will_need, order.window_ranges(self._epoch, window))
             else:  # the rest of this window, hinted as the next one; the last one read
                 self._hints.submit(self.dataset.will_need, self._next[self._done:])
                 self._hints.submit(self.dataset.done_with, order.window_ranges(self._epoch, self._window), self._drop)
-            self._next = order.window_ranges(*self._window_after(window))
+            self._next = order.window_ranges(*order.window_after(self._epoch, window))
             self._window, self._done = window, 0
         span = order.window * order.block_size
         progress = min(1.0, (start - self._window * span + (stop - start)) / span)  # of this window, after step
@@ -185,11 +205,6 @@ class ReadAhead:
         if due > self._done:
             self._hints.submit(self.dataset.will_need, self._next[self._done:due])
             self._done = due
-
-    def _window_after(self, window):
-        """Return ``(epoch, window)`` read after ``window`` of this epoch: the next, or the next epoch's first."""
-        last = (window + 1) * self.order.window >= self.order.num_blocks
-        return self._epoch + last, 0 if last else window + 1
 
     def __getstate__(self):
         return {**self.__dict__, "_hints": None if self._hints is None else _HintThread()}
@@ -225,7 +240,7 @@ class _HintThread:
     """
 
     def __init__(self):
-        self._tasks, self._pid = None, None
+        self._tasks, self._pid, self._stop = None, None, None
 
     def submit(self, call, *args):
         """Queue ``call(*args)``; wait first while PENDING_HINTS calls are queued."""
@@ -233,13 +248,19 @@ class _HintThread:
             self._tasks, self._pid = queue.Queue(PENDING_HINTS), os.getpid()
             for _ in range(HINT_THREADS):
                 threading.Thread(target=_give_hints, args=(self._tasks,), daemon=True, name="fastdata-hints").start()
-            weakref.finalize(self, _stop_hints, self._tasks)  # the threads end with their ReadAhead
+            self._stop = weakref.finalize(self, _stop_hints, self._tasks)  # the threads end with their ReadAhead
         self._tasks.put((call, args))
 
     def flush(self):
         """Wait until every queued call has run."""
         if self._pid == os.getpid():
             self._tasks.join()
+
+    def close(self):
+        """End this process's threads after the calls queued (the next ``submit`` starts new ones)."""
+        if self._pid == os.getpid():
+            self._stop()
+        self._tasks, self._pid, self._stop = None, None, None
 
 
 def _stop_hints(tasks):

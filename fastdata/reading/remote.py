@@ -3,14 +3,15 @@
 NOTE [remote read-ahead]: a shard at a URL costs a round trip and a whole
 transfer before its first sample is read, so the loader fetches the
 shards its order reads next before the reader asks for them.
-make_loader gives the sampler a ShardReadAhead (as a ReadAhead for local
-data): it turns this rank's upcoming steps into the sequence of shards in
-the order they are first read (order.step_positions, then the samples,
-then index.shard_of) and keeps the shards of the step being read and the
-next ``ahead`` after them fetched by a Prefetcher (``threads`` parallel
-requests). It runs where the sampler runs, the main process: workers read
-what it fetched from the shared cache, or fetch a shard on demand (once
-per machine: the cache locks it) when it did not come in time. A block
+make_loader gives its loader a ShardReadAhead (as a ReadAhead for local
+data; NOTE [one read-ahead] in loading/state.py): it turns this rank's
+upcoming steps into the sequence of shards in the order they are first
+read (order.step_positions, then the samples, then index.shard_of) and
+keeps the shards of the step being read and the next ``ahead`` after
+them fetched by a Prefetcher (``threads`` parallel requests). It runs
+where the loader's step cursor runs, the main process: workers read what
+it fetched from the shared cache, or fetch a shard on demand (once per
+machine: the cache locks it) when it did not come in time. A block
 order asks for the shards of each window (order.window_ranges) when the
 window starts; a uniform one for the shards of a few of each step's
 samples (_PROBES), since nearly every step reads from every shard anyway.
@@ -136,8 +137,8 @@ def _cache_slots(dataset):
 class ShardReadAhead:
     """Fetch the shards an order reads next into the cache, before they are read (see NOTE [remote read-ahead]).
 
-    The sampler calls ``start(epoch, step)`` when an epoch's batches begin
-    and ``advance(step)`` as each step's indices are produced, as for a ReadAhead.
+    A ReadsAhead (readahead.py): told ``start(epoch, step)`` when an epoch's
+    batches begin and ``advance(step)`` as each step's indices are produced.
 
     Args:
         dataset: a remote PackedDataset.

@@ -46,7 +46,7 @@ ranks on a machine, each would read every window whole, where the page
 cache shares one read (so those keep the hints), and only files of
 fixed-size rows (raw images, HDF5 or Arrow), whose columns are plain byte
 ranges of the file. Before its reads, every shard is compared with the fingerprint
-taken when the store checked it (NOTE [shard fingerprint] in store.py),
+taken when the store checked it (NOTE [shard fingerprint] in fingerprints.py),
 through the descriptor it is read from.
 """
 
@@ -63,10 +63,10 @@ import numpy as np
 from fastdata.errors import FormatError
 from fastdata.reading.parts import Parts
 from fastdata.reading.readpaths import BY_SHARD
+from fastdata.reading.windowslots import RUN, SLOTS, Window, WindowSlots
 
 ALIGNMENTS = (512, 4096)  # direct I/O alignments tried, least first; see NOTE [window reads]
 READ_THREADS = 32  # shards of a window read at once
-SLOTS = 2  # windows held: the one read from and the next
 MAX_SLACK = 1.0  # the most unused view rows of a slot, as a share of a window's rows (address space only)
 
 
@@ -74,7 +74,7 @@ class WindowReads:
     """Read the windows of a block order whole (direct I/O, on threads) and serve the batches that lie in them.
 
     Made by ``of``, or None where the dataset cannot be read this way; the
-    ReadAhead of the order calls ``want`` as the order enters a window, and
+    WindowAhead of the order calls ``want`` as the order enters a window, and
     the dataset's store asks ``parts`` for each batch (see NOTE [window reads]).
     Slots, views and threads are made in each process on first use.
 
@@ -173,11 +173,20 @@ class WindowReads:
         self.view = np.ndarray((rows, *self.row_shape), self.dtype, buffer=self._memory, offset=self._base)
         self.labels = np.zeros(rows, np.int64)
         self._label_base = self.labels.ctypes.data
-        self._slots = _Slots()
+        self._slots = WindowSlots()
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-window")
         threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
                          name="fastdata-windows").start()
-        weakref.finalize(self, _stop, self._slots, self._pool)
+        self._stop = weakref.finalize(self, _stop, self._slots, self._pool)
+
+    def close(self):
+        """End this process's placing thread and read threads once the reads queued are done.
+
+        Batches then come from the files until the next ``want``, which starts them again.
+        """
+        if self._pid == os.getpid():
+            self._stop()
+        self._pid = None
 
     def _column_offsets(self, shard):
         """Return ``(samples, labels)``: where ``shard``'s columns start in its file (the shard checked first)."""
@@ -187,7 +196,7 @@ class WindowReads:
 
     def _place(self, slot, key):
         """Lay out window ``key`` (``(epoch, window)``) in ``slot`` and queue its reads, a task per shard."""
-        window = _Window(key)
+        window = Window(key)
         try:
             window.set_runs(self._lay_out(self._runs(self.order.window_ranges(*key)), slot))
         except Exception as exc:  # held no sample: its batches are read from the files, and meet the problem there
@@ -217,12 +226,12 @@ class WindowReads:
         return runs
 
     def _lay_out(self, runs, slot):
-        """Return the _RUN records of ``runs`` (shard, start, stop): what each reads, and where, in ``slot``."""
+        """Return the RUN records of ``runs`` (shard, start, stop): what each reads, and where, in ``slot``."""
         starts = self.store.index.starts
         runs = np.array(runs, np.int64).reshape(-1, 3)
         offsets = np.array([self._column_offsets(shard) for shard in runs[:, 0].tolist()], np.int64).reshape(-1, 2)
         first = runs[:, 1] - starts[runs[:, 0]]  # each run's first row in its shard
-        out = np.zeros(len(runs), _RUN)
+        out = np.zeros(len(runs), RUN)
         out["shard"], out["start"], out["stop"] = runs.T
         out["file_offset"], out["length"], out["place"], out["row"], out["shift"] = place_runs(
             offsets[:, 0] + first * self.row_bytes, runs[:, 2] - runs[:, 1], self.row_bytes, self.alignment,
@@ -293,136 +302,38 @@ class WindowReads:
         return {**{key: self.__dict__[key] for key in keep}, "_pid": None}
 
 
-_RUN = np.dtype([("shard", np.int64), ("start", np.int64), ("stop", np.int64), ("row", np.int64),
-                 ("file_offset", np.int64), ("length", np.int64), ("place", np.int64), ("labels_at", np.int64),
-                 ("shift", np.int64)])
+class WindowAhead:
+    """Keep the window a block order reads now and the next one read whole, as the order enters each.
 
+    The ReadsAhead (readahead.py) of one process reading a block order alone
+    (see NOTE [window reads]): told each step, it wants the step's window and
+    the one after from its WindowReads (``reads``), which reads them on its threads.
+    """
 
-class _Window:
-    """One window being read into a slot: its runs (_RUN), reads outstanding, first failure, batches reading it."""
+    def __init__(self, reads, rank=0, world_size=1):
+        self.reads, self.order, self.rank, self.world_size = reads, reads.order, rank, world_size
+        reads.store.advise("random")  # a batch outside the windows is read through the map, sample by sample
+        self._epoch, self._window = 0, None
 
-    def __init__(self, key):
-        self.key, self.error, self.leases, self._pending, self.placed = key, None, 0, 0, False
-        self.done = threading.Event()
-        self._lock = threading.Lock()
-        self.set_runs(np.zeros(0, _RUN))  # none yet: it holds no sample until laid out
+    def start(self, epoch: int, step: int) -> None:
+        """Begin ``epoch`` at ``step``: want its window and the next."""
+        self._epoch, self._window = epoch, None
+        self.advance(step)
 
-    def set_runs(self, runs):
-        self.runs = runs
-        self._starts, self._stops, self._rows = (np.ascontiguousarray(runs[name]) for name in ("start", "stop", "row"))
+    def advance(self, step: int) -> None:
+        """Note that ``step``'s indices were just produced: want its window and the next, if it entered one."""
+        start, stop = self.order.step_positions(step, self.rank, self.world_size)
+        if start >= stop:
+            return
+        window = self.order.window_of(self._epoch, start)
+        if window != self._window:
+            self.reads.want([(self._epoch, window), self.order.window_after(self._epoch, window)])
+            self._window = window
 
-    def rows(self, indices):
-        """Return int64 view rows of global ``indices`` read by this window, -1 for those it does not hold."""
-        if not len(self._starts):
-            return np.full(len(indices), -1, np.int64)
-        run = np.searchsorted(self._starts, indices, side="right") - 1
-        inside = run >= 0
-        run = np.maximum(run, 0)
-        inside &= indices < self._stops[run]
-        return np.where(inside, self._rows[run] + indices - self._starts[run], -1)
-
-    def expect(self, tasks):
-        self._pending = tasks
-        if not tasks:
-            self.done.set()
-
-    def fail(self, exc):
-        with self._lock:
-            if self.error is None:
-                self.error = exc
-
-    def finish_one(self):
-        """Count one read task done; return whether it was the last."""
-        with self._lock:
-            self._pending -= 1
-            if not self._pending:
-                self.done.set()
-            return not self._pending
-
-
-class _Slots:
-    """The windows held in each slot, those wanted and those waiting for a slot, under one condition."""
-
-    def __init__(self):
-        self.windows = [None] * SLOTS
-        self.wanted, self.queue, self.stopped = [], [], False
-        self.condition = threading.Condition()
-
-    def want(self, keys):
-        with self.condition:
-            self.wanted = list(keys)
-            held = {window.key for window in self.windows if window is not None}
-            self.queue = [key for key in self.wanted if key not in held]
-            self.condition.notify_all()
-
-    def next_placement(self, wait=True):
-        """Return ``(slot, key)``: a wanted window and a free slot, waiting for both unless not ``wait``.
-
-        None once stopped, or where nothing can be placed now and not ``wait``.
-        """
-        with self.condition:
-            while not self.stopped:
-                free = self._free()
-                if self.queue and free:
-                    self.windows[free[0]] = _Window(self.queue[0])  # taken: being placed
-                    return free[0], self.queue.pop(0)
-                if not wait:
-                    return None
-                self.condition.wait()
-            return None
-
-    def _free(self):
-        """The slots that hold no window, or one not wanted with no batch and no read in it (under the condition)."""
-        return [slot for slot, window in enumerate(self.windows)
-                if window is None or (window.key not in self.wanted and not window.leases and window.done.is_set())]
-
-    def put(self, slot, window):
-        """Hold ``window``, laid out, in ``slot`` (taken by next_placement)."""
-        with self.condition:
-            window.placed = True
-            self.windows[slot] = window
-            self.condition.notify_all()
-
-    def lease(self, indices):
-        """Return ``(view rows of indices, the windows they lie in)`` leased, or ``(None, [])`` where not all are.
-
-        Waits for a window being laid out (that never waits for a slot), and for a wanted window that a free
-        slot is about to take, before it answers: answered early, a batch of the window wanted next was read
-        from the files while the placing thread had not yet woken (4 of 69 batches in a test).
-        """
-        with self.condition:
-            while True:
-                rows, used = np.full(len(indices), -1, np.int64), []
-                for window in self.windows:
-                    if window is None:
-                        continue
-                    found = window.rows(indices)
-                    if (found >= 0).any():
-                        rows = np.where(found >= 0, found, rows)
-                        used.append(window)
-                if not (rows < 0).any():
-                    for window in used:
-                        window.leases += 1
-                    return rows, used
-                placing = any(window is not None and not window.placed for window in self.windows)
-                if self.stopped or not (placing or (self.queue and self._free())):
-                    return None, []
-                self.condition.wait()
-
-    def release(self, windows):
-        with self.condition:
-            for window in windows:
-                window.leases -= 1
-            self.condition.notify_all()
-
-    def notify(self):
-        with self.condition:
-            self.condition.notify_all()
-
-    def stop(self):
-        with self.condition:
-            self.stopped = True
-            self.condition.notify_all()
+    def close(self) -> None:
+        """End the window reads' threads (the next ``start`` begins them again)."""
+        self.reads.close()
+        self._window = None
 
 
 def _place_windows(slots, reads):

@@ -7,7 +7,9 @@ the group is up) and ``runs``, each a dict of ``batch_size``, ``options``
 (make_loader keywords), ``epochs`` and optionally ``bucket``
 (BucketBatchSampler keywords with ``lengths``: a bucketed loader of this
 rank), ``early`` (the loader is made before the process group exists:
-NOTE [late rank] in samplers.py), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
+NOTE [late rank] in samplers.py), ``available_memory`` (bytes: what
+make_loader sees free, as on a machine whose page cache holds less than
+the dataset), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
 steps]``: take the state after that many batches of that epoch, then end
 the run), ``sleep`` (seconds per step), ``announce`` (the rank that
 prints each step), ``reduce`` (false: no collective per step) and ``ranks``
@@ -20,7 +22,9 @@ the end, where a rank that ended sooner waits. Writes
 ``out/rank<RANK>.json``: per run its ``len``, its state at the end (or at
 ``stop``), ``alone`` (what ``shuffle=True`` picks on this rank by itself)
 and per epoch per step the labels this rank got and the global batch size
-the reduce summed; a run refused with a FastdataError gives ``error`` (its
+the reduce summed, and ``readahead`` (the type, rank and world size of
+the loader's read-ahead at the end and whether it follows the sampler's
+order, or null); a run refused with a FastdataError gives ``error`` (its
 message) and ``seconds`` (from the run's start) instead, and the next run
 goes on in the same group.
 """
@@ -38,11 +42,14 @@ import torch.distributed as dist
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FastdataError
 from fastdata.loading.samplers import BucketBatchSampler
+from fastdata.reading import shuffles
 from fastdata.reading.shuffles import choose_shuffle
 
 
 def make_rank_loader(dataset, spec):
     """Return the loader ``spec`` asks for: make_loader's own sampler, or a BucketBatchSampler of this rank."""
+    if spec.get("available_memory") is not None:
+        shuffles.available_memory = lambda: (spec["available_memory"], "test")
     if spec.get("bucket") is None:
         return make_loader(dataset, spec["batch_size"], **spec["options"])
     keywords = {key: value for key, value in spec["bucket"].items() if key != "lengths"}
@@ -93,10 +100,19 @@ def iterate(dataset, spec, loader=None):
         if state is not None:
             break
     result = {"len": len(loader), "epochs": epochs, "state": state or loader.state_dict(),
-              "alone": choose_shuffle(dataset)[0]}
+              "alone": choose_shuffle(dataset)[0], "readahead": readahead_of(loader)}
     if hasattr(loader, "close"):
         loader.close()
     return result
+
+
+def readahead_of(loader):
+    """Return the type, rank and world size of ``loader``'s read-ahead, and whether it follows its order; or None."""
+    readahead = loader.steps.readahead
+    if readahead is None:
+        return None
+    return {"type": type(readahead).__name__, "rank": readahead.rank, "world_size": readahead.world_size,
+            "follows": readahead.order is loader.sampler.order}
 
 
 def main(spec_path, rank):

@@ -239,6 +239,21 @@ def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled
                        for rank in epoch), f"{name}: some rank read a short batch"
 
 
+def test_a_loader_made_before_its_group_reads_ahead_in_its_ranks_order(labeled_files, tmp_path):
+    # NOTE [late rank] in samplers.py and NOTE [one read-ahead] in state.py: bound to the group at its first
+    # epoch, the loader's read-ahead is made again for its rank's share of the global batches
+    path = labeled_files(PRIME, sharded=True)
+    memory = open_dataset(path).nbytes // 2  # the dataset does not stay cached: a read-ahead pays
+    runs = [run_spec(GLOBAL_BATCH // 2, {"shuffle": shuffle, "seed": 5}, 1, early=True, available_memory=memory)
+            for shuffle in ("uniform", "block")]
+    results = spawn(path, 2, runs, tmp_path)
+    for run, shuffle in enumerate(("uniform", "block")):
+        for rank, result in enumerate(results):
+            assert result[run]["readahead"] == {"type": "ReadAhead", "rank": rank, "world_size": 2, "follows": True}
+        epochs = global_epochs(results, run, sample_lookup(path))
+        assert epochs == reference_epochs(path, results[0][run]["state"], 1), shuffle
+
+
 @pytest.mark.slow
 def test_shuffle_true_takes_rank_0s_choice_where_another_rank_has_less_memory(tmp_path):
     from fastdata import convert_imagefolder

@@ -35,7 +35,7 @@ def counting_starts(dataset, monkeypatch):
 def test_small_batches_are_read_a_group_at_a_time_and_counted_as_batches(raw, monkeypatch):
     reads = counting_starts(raw, monkeypatch)
     loader = make_loader(raw, 5, shuffle=True, seed=1)
-    group = batchloader._read_group(raw, loader.sampler, 5)
+    group = batchloader._read_group(raw, loader.steps, 5)
     assert group == batchloader.MAX_GROUP  # 5 samples of 32 px: far below GROUP_BYTES
     batches = list(loader)
     assert reads == [[5, 5, 5, 5, 4]]  # 24 samples: one read of every batch
@@ -90,7 +90,7 @@ def test_a_loop_that_breaks_early_and_starts_again_gets_whole_epochs(raw):
 
 def test_large_batches_and_other_storage_are_read_one_at_a_time(packed_files):
     jpeg = open_dataset(packed_files("hdf5", "jpeg"))
-    assert batchloader._read_group(jpeg, make_loader(jpeg, 4).sampler, 4) == 1  # decoded: no copy to group
+    assert batchloader._read_group(jpeg, make_loader(jpeg, 4).steps, 4) == 1  # decoded: no copy to group
     raw = open_dataset(packed_files("hdf5", "raw"))
     big = batchloader.GROUP_BYTES // raw.max_batch_bytes(1)  # samples in a batch of about GROUP_BYTES
-    assert batchloader._read_group(raw, make_loader(raw, big).sampler, big) == 1
+    assert batchloader._read_group(raw, make_loader(raw, big).steps, big) == 1

@@ -28,10 +28,12 @@ from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader
 from fastdata.errors import OptionError
 from fastdata.loading.batchloader import BatchLoader
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
+from fastdata.loading.state import Steps
 from fastdata.loading.workers import worker_pids
 from fastdata.reading import rowcopy
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import block_settings
+from fastdata.reading.windows import WindowAhead
 
 NUM_SAMPLES = NUM_CLASSES * PER_CLASS
 BIG_PER_CLASS = 600  # 2400 samples: enough batches for memory growth to show
@@ -752,10 +754,10 @@ def test_sampler_rejects_bad_rank_and_order_options(kwargs, match):
 
 
 class RecordingReadAhead:
-    """Records the sampler's calls, as fastdata.reading.readahead.ReadAhead receives them."""
+    """Records the step cursor's calls, as a ReadsAhead (fastdata.reading.readahead) receives them."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, sampler):
+        self.order, self.calls = sampler.order, []
 
     def start(self, epoch, step):
         self.calls.append(("start", epoch, step))
@@ -763,17 +765,25 @@ class RecordingReadAhead:
     def advance(self, step):
         self.calls.append(("advance", step))
 
+    def close(self):
+        self.calls.append(("close",))
 
-def test_the_sampler_tells_its_read_ahead_where_each_epoch_starts_and_each_batch():
+
+def test_the_step_cursor_tells_its_read_ahead_where_each_epoch_starts_and_each_batch():
     sampler = BatchIndexSampler(100, 10, shuffle="uniform", rank=1, world_size=2)
-    sampler.readahead = RecordingReadAhead()
-    iterator = iter(sampler)
-    assert sampler.readahead.calls == []  # nothing before the first batch is asked for
-    list(iterator)
-    sampler.resume(4, 3)
+    steps = Steps(sampler, RecordingReadAhead)
+    recording = steps.readahead
+    iterator = iter(steps)
+    assert recording.calls == []  # nothing before the first batch is asked for
+    assert [epoch for epoch, _ in iterator] == [0] * 5
+    list(sampler.batches(1))  # a walk of the sampler alone moves nothing: it is a pure order
     list(sampler)
-    assert sampler.readahead.calls == [("start", 0, 0), *[("advance", s) for s in range(5)],
-                                       ("start", 4, 3), ("advance", 3), ("advance", 4)]
+    sampler.resume(4, 3)
+    assert [epoch for epoch, _ in steps] == [4, 4]
+    steps.close()
+    assert recording.calls == [("start", 0, 0), *[("advance", s) for s in range(5)],
+                               ("start", 4, 3), ("advance", 3), ("advance", 4), ("close",)]
+    assert steps.follow() is recording  # the same order: the same read-ahead, started again by the next epoch
 
 
 # ---------------------------------------------------------------- make_loader's ranks
@@ -817,14 +827,16 @@ def test_make_loader_takes_rank_and_world_size_from_an_initialized_process_group
 def test_shuffle_true_reads_in_blocks_with_hints_where_the_dataset_cannot_stay_cached(small, monkeypatch):
     # see NOTE [auto shuffle] and NOTE [hints past the cache]: shuffles.choose_shuffle decides on available memory
     cached = make_loader(small, 4, shuffle=True)
-    assert cached.sampler.shuffle == "uniform" and cached.sampler.readahead is None
+    assert cached.sampler.shuffle == "uniform" and cached.steps.readahead is None
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (small.nbytes // 2, "test"))
     loader = make_loader(small, 4, shuffle=True)
     assert loader.sampler.shuffle == "block"
     assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(small)
-    assert isinstance(loader.sampler.readahead, ReadAhead) and loader.sampler.readahead.order is loader.sampler.order
-    assert sorted(i for batch in loader.sampler.batches(0) for i in batch.tolist()) == list(range(NUM_SAMPLES))
-    assert isinstance(make_loader(small, 4, shuffle="uniform").sampler.readahead, ReadAhead)
+    # one process reading alone: raw rows are read in windows whole (NOTE [window reads]), others get hints
+    expected = WindowAhead if small.storage == "raw" else ReadAhead
+    assert isinstance(loader.steps.readahead, expected) and loader.steps.readahead.order is loader.sampler.order
+    assert sorted(i for batch in loader.steps.batches(0) for i in batch.tolist()) == list(range(NUM_SAMPLES))
+    assert isinstance(make_loader(small, 4, shuffle="uniform").steps.readahead, ReadAhead)
 
 
 def test_block_shuffle_takes_default_settings_from_the_dataset(small):

@@ -125,7 +125,7 @@ def test_a_url_reads_as_the_local_folder_item_by_item_and_batch_by_batch(folders
     batches_equal([remote.read_batch(indices)], [local.read_batch(indices)])
     loader = make_loader(remote, 4, shuffle=True)
     order = loader.sampler.describe()
-    assert order["shuffle"] == "block" and isinstance(loader.sampler.readahead, ShardReadAhead)
+    assert order["shuffle"] == "block" and isinstance(loader.steps.readahead, ShardReadAhead)
     twin = make_loader(local, 4, shuffle="block", block_size=order["block_size"], window=order["window"])
     batches_equal(list(loader), list(twin))
 
@@ -283,10 +283,10 @@ def test_the_read_ahead_asks_for_each_steps_shards_before_it_is_read(many_shards
     loader = make_loader(remote, 4, shuffle=shuffle, rank=1, world_size=2, seed=3)
     sampler, index = loader.sampler, remote._store.index
     for epoch in range(2):
-        for batch in sampler.batches(epoch):
+        for batch in loader.steps.batches(epoch):
             kept = RecordingPrefetcher.made[-1].kept()
             assert set(index.shard_of(batch).tolist()) <= kept or shuffle == "uniform"
-            assert len(kept) <= sampler.readahead.ahead + (sampler.order.window if shuffle == "block" else 1)
+            assert len(kept) <= loader.steps.readahead.ahead + (sampler.order.window if shuffle == "block" else 1)
     if shuffle == "block":
         assert sampler.order.window == 3 and sampler.order.block_size == 2  # two windows fit 6 shards
     assert not cached_files(tmp_path), "the recording prefetcher fetches nothing"
@@ -305,7 +305,7 @@ def test_an_epoch_with_every_shard_cached_fetches_nothing_ahead_until_a_shard_go
         assert len(cached_files(tmp_path)) == local.num_shards
         monkeypatch.setattr("fastdata.reading.remote.Prefetcher", RecordingPrefetcher)
         RecordingPrefetcher.made.clear()
-        loader.sampler.readahead.close()  # the next epoch makes its prefetcher anew: a RecordingPrefetcher
+        loader.close()  # the next epoch makes its read-ahead's prefetcher anew: a RecordingPrefetcher
         requests = proxy.requests
         second = list(loader)
         assert proxy.requests == requests and not RecordingPrefetcher.made, "a cached epoch fetched ahead"

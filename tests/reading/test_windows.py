@@ -18,7 +18,7 @@ from fastdata.formats.layout import COLUMN_ALIGNMENT
 from fastdata.measure.synthetic import make_imagefolder
 from fastdata.reading.order import EpochOrder
 from fastdata.reading.readahead import ReadAhead
-from fastdata.reading.windows import MAX_SLACK, WindowReads, direct_alignment, place_runs
+from fastdata.reading.windows import MAX_SLACK, WindowAhead, WindowReads, direct_alignment, place_runs
 
 NUM_CLASSES, PER_CLASS = 5, 40  # 200 photos of varied sizes, modes and formats
 
@@ -77,7 +77,7 @@ def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_co
         alignment = direct_alignment(dataset.shard_paths[0])
         assert WindowReads(dataset._store, order, alignment).slot_rows > (1 + MAX_SLACK) * window * block_size + 1
         return
-    read_ahead = ReadAhead(dataset, order, windows=reads, fits=True)  # a small folder
+    read_ahead = WindowAhead(reads)
     read_ahead.start(epoch, 0)
     for step in range(order.num_steps):
         read_ahead.advance(step)
@@ -103,7 +103,7 @@ def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders
     dataset = open_dataset(folder)
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
-    assert isinstance(loader.sampler.readahead.windows, WindowReads)
+    assert isinstance(loader.steps.readahead, WindowAhead)
     for epoch in range(2):
         seen, batches = [], planned(loader, epoch)
         for (images, labels), indices in zip(loader, batches, strict=True):
@@ -127,7 +127,7 @@ def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
     dataset = open_dataset(path)
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 5, shuffle=True, block_size=2, window=4, seed=1)
-    reads = loader.sampler.readahead.windows
+    reads = loader.steps.readahead.reads
     assert isinstance(reads, WindowReads) and dataset.num_shards == 1
     for (images, labels), indices in zip(loader, planned(loader, 0), strict=True):
         expected = reference(path, indices)
@@ -138,7 +138,7 @@ def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
 
 
 def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders, monkeypatch):
-    # The loader and a second walk of its sampler (batches() moves the same ReadAhead) want windows in turn,
+    # The loader and a second walk of its step cursor (which moves the same WindowAhead) want windows in turn,
     # letting each go while it is still being read: a slot reused then took a late label write (a bug, found so).
     folder = folders[32]
     dataset = open_dataset(folder)
@@ -147,7 +147,7 @@ def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders,
     with warnings.catch_warnings():  # the batches outside the windows the walk left are read from the files, said so
         warnings.filterwarnings("ignore", "a batch .* lies outside the block order's windows", FastPathWarning)
         for epoch in range(3):
-            for (images, labels), indices in zip(loader, loader.sampler.batches(epoch), strict=True):
+            for (images, labels), indices in zip(loader, loader.steps.batches(epoch), strict=True):
                 expected = reference(folder, indices)
                 assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
 
@@ -157,7 +157,7 @@ def test_workers_ranks_and_a_uniform_order_keep_the_hints(folders, monkeypatch):
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     for options in ({"num_workers": 1}, {"rank": 0, "world_size": 2}, {"shuffle": "uniform"}):
         loader = make_loader(dataset, 8, **{"shuffle": True, **options})
-        assert loader.sampler.readahead.windows is None, options
+        assert isinstance(loader.steps.readahead, ReadAhead), options
     make_loader(dataset, 8, shuffle=True)
     assert dataset._store.windows is not None
     assert pickle.loads(pickle.dumps(dataset))._store.windows is None  # a worker reads its files, not our windows
@@ -224,7 +224,7 @@ def test_every_batch_of_a_converted_folder_is_read_from_its_windows_without_a_wa
     with warnings.catch_warnings():
         warnings.simplefilter("error", FastPathWarning)
         loader = make_loader(dataset, 8, shuffle=True, block_size=10, window=3, seed=2)
-        assert loader.sampler.shuffle == "block" and isinstance(loader.sampler.readahead.windows, WindowReads)
+        assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, WindowAhead)
         for (images, labels), indices in zip(loader, planned(loader, 0), strict=True):
             expected = reference(folder, indices)
             assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
@@ -281,7 +281,7 @@ def test_jpeg_shards_keep_the_hints(shard_converted, monkeypatch):
     assert dataset.read_windows(block_order(dataset, 8, 4, 3)) is None and dataset._store.windows is None
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     loader = make_loader(dataset, 8, shuffle=True)
-    assert loader.sampler.shuffle == "block" and loader.sampler.readahead.windows is None
+    assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, ReadAhead)
     assert sorted(i for _, labels in loader for i in labels.tolist()) == sorted(dataset.labels.tolist())
 
 
