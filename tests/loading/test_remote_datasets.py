@@ -187,7 +187,7 @@ def test_an_epoch_with_workers_stays_within_the_cache_limit(many_shards, s3_serv
 @pytest.mark.parametrize("container, storage", [("hdf5", "raw"), ("arrow", "jpeg")])
 def test_batches_over_more_shards_than_a_two_shard_cache_holds_read_one_shard_at_a_time(
         remote_shards, s3_server, tmp_path, container, storage):
-    # see NOTE [batch past the cache] in datasets.py: before, such a batch waited for room it held itself
+    # see NOTE [batch past the cache] in batchreads.py: before, such a batch waited for room it held itself
     local_root, url = remote_shards(container, storage)
     local = open_dataset(local_root)
     largest = int(max(os.path.getsize(path) for path in local.shard_paths))
