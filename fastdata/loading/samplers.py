@@ -183,7 +183,9 @@ class BatchIndexSampler(EpochSampler):
     Args:
         num_samples: size of the dataset.
         batch_size: samples per batch of this rank.
-        shuffle: "none" (or False), "uniform" (or True) or "block".
+        shuffle: "none" (or False), "uniform" or "block". Not True: a sampler
+            sees no data to pick an order for, where make_loader's
+            ``shuffle=True`` does (NOTE [auto shuffle] in shuffles.py).
         seed: base seed of the order (a non-negative int).
         drop_last: same as ``remainder="drop"``.
         remainder: "partial", "pad" or "drop"; default "drop" with
@@ -198,8 +200,12 @@ class BatchIndexSampler(EpochSampler):
                  drop_last: bool = False, remainder: str | None = None, rank: int | None = None,
                  world_size: int | None = None, block_size: int | None = None, window: int | None = None):
         super().__init__(num_samples, batch_size, seed, rank, world_size)
-        if isinstance(shuffle, bool):
-            shuffle = "uniform" if shuffle else "none"
+        if shuffle is True or shuffle == "auto":
+            raise OptionError(f"BatchIndexSampler takes shuffle='uniform' or 'block', got shuffle={shuffle!r}: True "
+                              "means the order that suits the dataset, which make_loader(dataset, shuffle=True) "
+                              "picks and a sampler cannot see")
+        if shuffle is False:
+            shuffle = "none"
         if shuffle == "block" and (block_size is None or window is None):
             raise OptionError("shuffle='block' needs block_size and window (make_loader picks them from the dataset)")
         self._settings = {"shuffle": shuffle, "block_size": block_size or 1, "window": window or 1}

@@ -289,7 +289,7 @@ class _LoaderTrials:
         from fastdata.loading.loader import make_loader
         from fastdata.loading.samplers import BatchIndexSampler
 
-        sampler = BatchIndexSampler(self.num_samples, settings["batch_size"], shuffle=True)
+        sampler = BatchIndexSampler(self.num_samples, settings["batch_size"], shuffle="uniform")
         options = {key: settings[key] for key in ("num_workers", "prefetch_factor", "pin_memory")}
         with warnings.catch_warnings():  # more workers than CPUs is tried on purpose: torch warns against it
             warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
@@ -304,7 +304,7 @@ def _epoch_samples(dataset, trial_seconds):
     from fastdata.loading.samplers import BatchIndexSampler
 
     probe = min(len(dataset), 2048)
-    loader = make_loader(dataset, batch_sampler=BatchIndexSampler(probe, DEFAULTS["batch_size"], shuffle=True),
+    loader = make_loader(dataset, batch_sampler=BatchIndexSampler(probe, DEFAULTS["batch_size"], shuffle="uniform"),
                          pin_memory=False)
     began = time.perf_counter()
     for _ in loader:

@@ -147,7 +147,8 @@ def test_a_compose_runs_in_order_before_normalization(packed_files):
     augment = Compose(RandomCrop(30, padding=2), CenterCrop(24))
     plain = make_loader(dataset, 5, shuffle="uniform", seed=4)
     moved = make_loader(dataset, 5, shuffle="uniform", seed=4, device="cpu", augment=augment, normalize=True)
-    for (images, _), (ours, _), indices in zip(plain, moved, BatchIndexSampler(len(dataset), 5, shuffle=True, seed=4)):
+    order = BatchIndexSampler(len(dataset), 5, shuffle="uniform", seed=4)
+    for (images, _), (ours, _), indices in zip(plain, moved, order):
         torch.testing.assert_close(ours, by_hand(augment(images, indices, 0, 4), mean, std))
 
 
@@ -383,7 +384,7 @@ def test_random_resized_crop_on_raw_storage_runs_on_the_batch(packed_files):
     loader = make_loader(dataset, 5, shuffle="uniform", device="cpu", augment=crop)
     assert loader.pipeline.reader.crop is None and loader.pipeline.augment is crop
     plain = make_loader(dataset, 5, shuffle="uniform")
-    for (images, _), (ours, _), indices in zip(plain, loader, BatchIndexSampler(len(dataset), 5, shuffle=True)):
+    for (images, _), (ours, _), indices in zip(plain, loader, BatchIndexSampler(len(dataset), 5, shuffle="uniform")):
         assert torch.equal(ours, crop(images, indices, 0, 0))
 
 
@@ -411,7 +412,7 @@ def test_a_leading_random_resized_crop_is_fused_into_jpeg_decoding(packed_files,
     augment = crop if then is None else Compose(crop, then)
     loader = make_loader(open_dataset(path), 5, shuffle="uniform", seed=6, device="cpu", augment=augment)
     assert loader.pipeline.reader.crop is crop
-    jpegs, sampler = stored_jpegs(path), BatchIndexSampler(len(loader.dataset), 5, shuffle=True, seed=6)
+    jpegs, sampler = stored_jpegs(path), BatchIndexSampler(len(loader.dataset), 5, shuffle="uniform", seed=6)
     held = [list(loader) for _ in range(2)]  # flipped in place: each batch must be its own
     for epoch, batches in enumerate(held):
         for (images, _), indices in zip(batches, sampler.batches(epoch), strict=True):
@@ -426,7 +427,7 @@ def test_the_fused_crop_is_close_to_cropping_the_decoded_batch(packed_files):
     crop = RandomResizedCrop(24, scale=(0.3, 1.0))
     fused = make_loader(dataset, 6, shuffle="uniform", device="cpu", augment=crop)
     plain = make_loader(dataset, 6, shuffle="uniform")
-    sampler = BatchIndexSampler(len(dataset), 6, shuffle=True)
+    sampler = BatchIndexSampler(len(dataset), 6, shuffle="uniform")
     for (ours, _), (images, _), indices in zip(fused, plain, sampler, strict=True):
         assert (ours - crop(images, indices, 0, 0)).abs().mean() < 3  # measured 0.3-1.0 of 255 levels
 

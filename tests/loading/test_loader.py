@@ -203,7 +203,7 @@ def test_workers_visit_every_sample_once_per_epoch(worker_run):
 
 def test_workers_batches_follow_the_seeded_sampler(worker_run):
     num_samples = len(worker_run["labels"])
-    sampler = BatchIndexSampler(num_samples, BIG_BATCH, shuffle=True, seed=7)
+    sampler = BatchIndexSampler(num_samples, BIG_BATCH, shuffle="uniform", seed=7)
     for epoch in worker_run["epochs"]:
         got = [batch_indices(worker_run["lookup"], images) for images, _, _ in epoch]
         assert got == [batch.tolist() for batch in sampler]
@@ -303,7 +303,7 @@ def test_batch_loader_visits_every_sample_once_in_order(small):
 @pytest.mark.parametrize("prefetch_factor", [0, 1, 3])
 def test_batch_loader_equals_read_batch(small, prefetch_factor):
     loader = make_loader(small, 7, shuffle=True, seed=3, prefetch_factor=prefetch_factor)
-    sampler = BatchIndexSampler(NUM_SAMPLES, 7, shuffle=True, seed=3)
+    sampler = BatchIndexSampler(NUM_SAMPLES, 7, shuffle="uniform", seed=3)
     for (images, labels), indices in zip(loader, sampler, strict=True):
         expected_images, expected_labels = small.read_batch(indices)
         assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
@@ -637,7 +637,7 @@ def test_sampler_without_shuffle_is_arange_in_batches():
 
 
 def test_sampler_set_epoch_replays_an_epoch():
-    sampler = BatchIndexSampler(50, 8, shuffle=True, seed=1)
+    sampler = BatchIndexSampler(50, 8, shuffle="uniform", seed=1)
     first = [b.tolist() for b in sampler]
     second = [b.tolist() for b in sampler]
     sampler.set_epoch(0)
@@ -646,7 +646,7 @@ def test_sampler_set_epoch_replays_an_epoch():
 
 def test_sampler_batches_of_an_epoch_change_nothing_and_iterating_advances():
     # see NOTE [epoch protocol]
-    sampler = BatchIndexSampler(50, 8, shuffle=True, seed=1)
+    sampler = BatchIndexSampler(50, 8, shuffle="uniform", seed=1)
     third = [b.tolist() for b in sampler.batches(3)]
     assert [b.tolist() for b in sampler.batches(3)] == third and sampler.epoch == 0
     iterator = iter(sampler)
@@ -659,7 +659,7 @@ def test_sampler_batches_of_an_epoch_change_nothing_and_iterating_advances():
     [(10, 4, False, 3), (10, 4, True, 2), (8, 4, True, 2), (0, 4, False, 0), (3, 4, True, 0)],
 )
 def test_sampler_len(num_samples, batch_size, drop_last, expected):
-    sampler = BatchIndexSampler(num_samples, batch_size, shuffle=True, drop_last=drop_last)
+    sampler = BatchIndexSampler(num_samples, batch_size, shuffle="uniform", drop_last=drop_last)
     assert len(sampler) == len(list(sampler)) == expected
 
 
@@ -746,6 +746,8 @@ def test_remainder_defaults_partial_for_one_rank_and_pad_for_more():
     ({"remainder": "partial", "world_size": 3}, "last batch of 10 samples that 3 ranks cannot share evenly"),
     ({"shuffle": "sorted"}, "shuffle should be one of"),
     ({"shuffle": "block"}, "shuffle='block' needs block_size and window"),
+    ({"shuffle": True}, "True means the order that suits the dataset, which make_loader"),
+    ({"shuffle": "auto"}, "BatchIndexSampler takes shuffle='uniform' or 'block'"),
     ({"seed": -1}, "seed should be a non-negative integer"),
 ])
 def test_sampler_rejects_bad_rank_and_order_options(kwargs, match):

@@ -364,7 +364,7 @@ def test_pipelined_batches_are_the_files_and_kept_ones_stay_intact(shard_convert
         loader.options = {"threads": threads}
     for epoch in range(2):
         batches = list(loader)  # every batch kept: none may be overwritten by a later copy
-        order = BatchIndexSampler(len(folder), 7, shuffle=True, seed=1)
+        order = BatchIndexSampler(len(folder), 7, shuffle="uniform", seed=1)
         order.set_epoch(epoch)
         assert len(batches) == len(order)
         for batch, indices in zip(batches, order):
