@@ -40,7 +40,7 @@ def test_small_batches_are_read_a_group_at_a_time_and_counted_as_batches(raw, mo
     batches = list(loader)
     assert reads == [[5, 5, 5, 5, 4]]  # 24 samples: one read of every batch
     assert raw.read_paths()["one file"] == len(batches) == 5
-    for (images, labels), indices in zip(batches, BatchIndexSampler(NUM_SAMPLES, 5, shuffle=True, seed=1),
+    for (images, labels), indices in zip(batches, BatchIndexSampler(NUM_SAMPLES, 5, shuffle="uniform", seed=1),
                                          strict=True):
         expected_images, expected_labels = raw.read_batch(indices)
         assert torch.equal(images, expected_images) and torch.equal(labels, expected_labels)
@@ -55,7 +55,7 @@ def test_any_group_size_gives_the_batches_of_the_order_and_kept_batches_stay_int
     monkeypatch.setattr(batchloader, "MAX_GROUP", group)
     reads = counting_starts(dataset, monkeypatch)
     loader = make_loader(dataset, batch_size, shuffle=True, seed=seed, drop_last=drop_last)
-    sampler = BatchIndexSampler(NUM_SAMPLES, batch_size, shuffle=True, seed=seed, drop_last=drop_last)
+    sampler = BatchIndexSampler(NUM_SAMPLES, batch_size, shuffle="uniform", seed=seed, drop_last=drop_last)
     for epoch in range(2):  # every batch kept: no buffer is reused while a batch of it is alive
         kept = list(loader)
         sampler.set_epoch(epoch)
