@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
-.venv/bin/python -m pytest -q -m "slow or not slow" --durations=25 "$@"
+.venv/bin/python -m pytest -q -n 0 -m "slow or not slow" --durations=25 "$@"

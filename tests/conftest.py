@@ -39,14 +39,15 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# Fixtures that start a server on loopback: every test that uses one, directly or through another fixture
-# (remote_shards, s3_env, ...), is marked integration, so plain pytest, the edit loop, leaves it out.
-SERVER_FIXTURES = {"s3_server", "http_server"}
+# Fixtures that start a real component, a server on loopback or a tmpfs mounted as a small disk: every test
+# that uses one, directly or through another fixture (remote_shards, s3_env, ...), is marked integration, so
+# plain pytest, the edit loop, leaves it out.
+COMPONENT_FIXTURES = {"s3_server", "http_server", "small_disk"}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if COMPONENT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 

@@ -167,6 +167,7 @@ SLOW_CLI_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # a subprocess killed, signalled or raced
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_during_conversion_leaves_nothing(source_root, tmp_path, signum):
     script = tmp_path / "slow_fastdata.py"

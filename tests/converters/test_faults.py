@@ -119,6 +119,7 @@ def test_full_disk_while_numbering_the_vocabulary_is_reported_and_leaves_nothing
 # ---------------------------------------------------------------- killed, interrupted
 
 
+@pytest.mark.integration  # a subprocess killed, signalled or raced
 def test_killed_conversion_takes_its_workers_along_and_the_next_run_cleans_up(source_root, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -142,6 +143,7 @@ def test_a_running_conversions_staging_folder_is_kept(source_root, tmp_path):
     assert folder_listing(tmp_path) == ["first.h5", "second.h5"]
 
 
+@pytest.mark.integration  # a subprocess killed, signalled or raced
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_during_the_final_hdf5_write_aborts_and_leaves_nothing(source_root, tmp_path, signum):
     # 24 raw 1400x1400 images: a 141 MB file, written in 64 MB slices.
@@ -181,6 +183,7 @@ def test_a_signal_that_c_code_turned_into_another_error_still_stops_with_the_sig
 # ---------------------------------------------------------------- outputs
 
 
+@pytest.mark.integration  # a subprocess killed, signalled or raced
 def test_concurrent_conversions_to_one_output_one_wins_the_other_fails_cleanly(source_root, tmp_path):
     out = tmp_path / "out" / "out.h5"
     out.parent.mkdir()

@@ -376,6 +376,7 @@ def test_interrupted_conversion_leaves_no_folder_and_the_next_run_cleans_up(text
     assert read_index(out).num_samples == 24
 
 
+@pytest.mark.integration  # a subprocess killed, signalled or raced
 def test_concurrent_conversions_to_one_folder_one_wins_the_other_fails_cleanly(text_corpus, textshard_source,
                                                                                 tmp_path):
     out = tmp_path / "out" / "shards"
