@@ -11,6 +11,7 @@ must have ended when it returns.
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -21,16 +22,16 @@ import time
 
 import pytest
 import torch
+from trainer_record import SEED, Samples, image_key
 
 from fastdata import convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import OptionError
 from fastdata.measure.synthetic import make_imagefolder
 
-pytest.importorskip("lightning")
-pytest.importorskip("accelerate")
-from trainer_record import SEED, Samples, image_key  # noqa: E402 (after the skips)
-
-pytestmark = pytest.mark.integration
+# The trainers run in their own processes: found, not imported here (lightning takes 3.3 s to import, which
+# collecting the edit loop's tests paid on every pytest-xdist worker).
+MISSING = [name for name in ("lightning", "accelerate") if importlib.util.find_spec(name) is None]
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(MISSING), reason=f"needs {' and '.join(MISSING)}")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NUM_CLASSES, PER_CLASS = 8, 12  # 96 samples: 8 global batches of 12, none short
