@@ -180,12 +180,16 @@ class WindowReads:
         self._stop = weakref.finalize(self, _stop, self._slots, self._pool)
 
     def close(self):
-        """End this process's placing thread and read threads once the reads queued are done.
+        """End this process's placing thread, and its read threads once the reads queued are done.
 
-        Batches then come from the files until the next ``want``, which starts them again.
+        Those reads are not cancelled: a batch of a window being read waits
+        for them. Batches come from the files until the next ``want``, which
+        starts the threads again.
         """
         if self._pid == os.getpid():
-            self._stop()
+            self._stop.detach()
+            self._slots.stop()
+            self._pool.shutdown(wait=False)
         self._pid = None
 
     def _column_offsets(self, shard):
@@ -209,7 +213,11 @@ class WindowReads:
         groups = np.split(np.arange(len(shards)), np.flatnonzero(np.diff(shards)) + 1) if len(shards) else []
         window.expect(len(groups))
         for group in groups:
-            self._pool.submit(self._read_shard, window, group)
+            try:
+                self._pool.submit(self._read_shard, window, group)
+            except RuntimeError as exc:  # closed while placing: the window fails whole, no batch waits on it
+                window.fail(exc)
+                window.finish_one()
 
     def _runs(self, ranges):
         """Return int64 ``[K, 3]`` (shard, start, stop) of sorted sample ``ranges``, cut at shard starts, merged."""

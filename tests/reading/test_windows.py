@@ -50,7 +50,7 @@ def reference(folder, indices):
 
 
 def planned(loader, epoch):
-    """The batches ``loader`` reads in ``epoch``, from its order: a walk of its sampler would move its read-ahead."""
+    """The batches ``loader`` reads in ``epoch``, from its order."""
     order = loader.sampler.order
     return [np.sort(order.batch(epoch, step)) for step in range(order.num_steps)]
 
@@ -120,6 +120,25 @@ def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders
     again = list(resumed)
     assert len(kept) + len(again) == len(loader) and len(again) == len(rest)
     assert all(a.equal(b) for x, y in zip(again, rest) for a, b in zip(x, y))
+
+
+def test_a_loader_closed_mid_epoch_reads_its_next_epochs_from_windows_again(folders, monkeypatch):
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
+    for step, _ in enumerate(loader):  # a loop that breaks, then closes its loader (as a trainer's teardown)
+        if step == 3:
+            break
+    loader.close()
+    assert loader.steps.readahead.reads._pid is None  # its threads told to end: the next epoch starts new ones
+    before = dataset.read_paths()["windows"]
+    for epoch in (1, 2):
+        for (images, labels), indices in zip(loader, planned(loader, epoch), strict=True):
+            expected = reference(folder, indices)
+            assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
+    assert dataset.read_paths()["windows"] - before >= len(loader)  # both epochs' batches: windows read again
+    loader.close()
 
 
 def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
