@@ -42,3 +42,15 @@ def test_errors_are_one_line_and_status_1(tmp_path):
     bad = run("convert", "text", src, tmp_path / "x.h5", "--tokenizer", "bytes", "--min-freq", 2)
     assert bad.exit_code == 1 and "'words' tokenizer" in bad.output
     assert not os.path.exists(tmp_path / "x.h5")
+
+
+def test_a_parquet_file_given_as_text_is_one_error_line_and_status_1(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts, labels = make_reviews(30)
+    src = tmp_path / "reviews.parquet"
+    pq.write_table(pa.table({"text": texts, "label": labels}), src)
+    result = run("convert", "text", src, tmp_path / "out.h5", "--quiet")
+    assert result.exit_code == 1 and "is a Parquet file, not text" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "out.h5")
