@@ -245,6 +245,13 @@ def write_compressed(opener):
     return write
 
 
+def write_zstd(path):
+    import pyarrow as pa
+
+    with pa.CompressedOutputStream(str(path), "zstd") as f:
+        f.write("".join(f"{text},{label}\n" for text, label in plain_rows(400)).encode())
+
+
 def write_zip(path):
     import zipfile
 
@@ -290,6 +297,7 @@ def write_noise(path):
     ("reviews.arrow", write_arrow_file, "is an Arrow IPC file, not text"),
     ("reviews.csv.gz", write_compressed(gzip.open), "is gzip-compressed.*decompress it first"),
     ("reviews.csv", write_compressed(lzma.open), "is xz-compressed"),
+    ("reviews.csv.zst", write_zstd, "is zstd-compressed"),
     ("reviews.zip", write_zip, "is a zip archive"),
     ("reviews.tar", write_tar, "is a tar archive"),
     ("photo.jpg", write_image("JPEG"), "is a JPEG image.*convert imagefolder"),
