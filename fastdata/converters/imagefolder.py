@@ -46,8 +46,9 @@ def find_images(root):
         to ``root`` (sorted within each class) and int64 labels ``[N]``.
 
     Raises:
-        SourceError: ``root`` is not a readable folder, has no class folder, or
-            a class folder cannot be read or holds no image file.
+        SourceError: ``root`` is not a readable folder, has no class folder,
+            a class folder cannot be read or holds no image file, or a JSON
+            file beside the class folders holds COCO-style annotations.
     """
     found = _scan_images(root)
     return found.classes, found.paths, found.labels
@@ -99,14 +100,46 @@ def _class_folders(root):
 
 
 def _ignored_at_top(root):
-    """Count the hidden entries and the files directly in ``root`` (they belong to no class)."""
+    """Count the hidden entries and the files directly in ``root`` (they belong to no class).
+
+    Raises:
+        SourceError: a file there holds COCO-style annotations (see NOTE [annotations beside the images]).
+    """
     counts = Counter()
-    for entry in os.scandir(root):
-        if entry.name.startswith("."):
-            counts["hidden"] += 1
-        elif not entry.is_dir():
-            counts["outside class folders"] += 1
+    with os.scandir(root) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                counts["hidden"] += 1
+            elif not entry.is_dir():
+                _check_not_annotations(entry.path, root)
+                counts["outside class folders"] += 1
     return counts
+
+
+# NOTE [annotations beside the images]: a COCO-style detection set (an
+# images folder and annotations.json beside it) converted as an ImageFolder
+# became one class named after the images folder, exit 0, its boxes and
+# categories ignored. A JSON file at the top whose start lists images by
+# "file_name" (COCO's image records, written first, before annotations and
+# categories) stops the conversion instead; moved out, the images convert
+# as the class folders they lie in.
+_ANNOTATION_PEEK = 1 << 16  # bytes of a top-level .json read to tell whether it lists images
+
+
+def _check_not_annotations(path, root):
+    """Raise SourceError if the file at ``path`` holds COCO-style annotations of the images under ``root``."""
+    if not path.lower().endswith(".json"):
+        return
+    try:
+        with open(path, "rb") as f:
+            start = f.read(_ANNOTATION_PEEK)
+    except OSError:  # counted as a file outside the class folders, as before
+        return
+    if b'"images"' in start and b'"file_name"' in start:
+        raise SourceError(f"{path!r} holds COCO-style annotations of the images in {root!r}: convert imagefolder "
+                          "reads <class>/<image> folders and would store each image under the folder it lies in, "
+                          "its boxes and categories lost. Detection sets are not converted yet; to convert the "
+                          "images alone, as classes by folder, move the annotations out of the folder")
 
 
 def _walk_images(top, skip, ignored, onerror):

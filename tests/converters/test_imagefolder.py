@@ -279,6 +279,48 @@ def test_every_extension_pillow_opens_is_converted(tmp_path):
     assert np.array_equal(images, expected_images(root, relpaths, ImageSpec(16, 16), "raw"))
 
 
+def coco_set(root, count=6):
+    """Write a COCO-style detection set: ``root/images/*.jpg`` and ``root/annotations.json`` (boxes, categories)."""
+    rng = np.random.default_rng(5)
+    (root / "images").mkdir(parents=True)
+    images, annotations = [], []
+    for index in range(count):
+        height, width = int(rng.integers(20, 60)), int(rng.integers(20, 60))
+        name = f"{index:012d}.jpg"
+        Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(root / "images" / name)
+        images.append({"id": index, "file_name": name, "height": height, "width": width})
+        annotations += [{"id": 10 * index + box, "image_id": index, "category_id": 1 + box % 2,
+                         "bbox": [1.0, 2.0, width / 2, height / 3], "area": width * height / 6, "iscrowd": 0}
+                        for box in range(index % 3)]
+    coco = {"info": {"description": "a test set"}, "licenses": [], "images": images, "annotations": annotations,
+            "categories": [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]}
+    (root / "annotations.json").write_text(json.dumps(coco))
+    return root
+
+
+def test_a_detection_set_is_refused_not_converted_as_one_class(tmp_path):
+    # see NOTE [annotations beside the images] in imagefolder.py: it converted as one class "images", exit 0
+    root = coco_set(tmp_path / "coco")
+    with pytest.raises(SourceError, match="annotations.json.*COCO-style annotations.*move the annotations out"):
+        convert(root, tmp_path / "out.h5", size=16)
+    assert not (tmp_path / "out.h5").exists()
+    with pytest.raises(SourceError, match="COCO-style annotations"):
+        find_images(root)
+    (root / "annotations.json").rename(tmp_path / "annotations.json")  # moved out: the images alone convert
+    report = convert(root, tmp_path / "out.h5", size=16)
+    assert report.num_samples == 6 and stored_images(tmp_path / "out.h5")[2]["classes"] == ["images"]
+
+
+def test_other_json_beside_the_class_folders_is_counted_as_left_out(source_root, tmp_path):
+    root = tmp_path / "with_json"
+    root.mkdir()
+    for name in os.listdir(source_root):
+        os.symlink(source_root / name, root / name)
+    (root / "classes.json").write_text(json.dumps({"classes": sorted(os.listdir(source_root)), "images": 3}))
+    report = convert(root, tmp_path / "out.h5", size=8)
+    assert report.ignored == {"outside class folders": 1} and report.skipped == []
+
+
 MESSY_IGNORED = {
     ".bak": 1,
     ".csv": 1,
