@@ -221,11 +221,13 @@ def test_text_output_that_is_its_own_source_is_refused(tmp_path):
     before = packed.read_bytes()
     alias = tmp_path / "alias.arrow"
     os.link(packed, alias)
+    # An output is a packed file, and a packed file is refused as a text source before any output is made
+    # (NOTE [binary] in textsources.py); staging's own "is the source" check stays behind it.
     for out in (packed, alias):
-        with pytest.raises(ValueError, match="is the source"):
+        with pytest.raises(ValueError, match="is an Arrow IPC file, not text"):
             convert_text(packed, out, overwrite=True, workers=1, progress=False)
     result = CliRunner().invoke(main, ["convert", "text", os.fspath(packed), os.fspath(packed), "--overwrite"])
     assert result.exit_code == 1 and result.output.startswith("Error: "), result.output
-    assert "is the source" in result.output
+    assert "is an Arrow IPC file, not text" in result.output
     assert packed.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["alias.arrow", "s.arrow", "s.jsonl"]
