@@ -1,4 +1,4 @@
-"""Where a loader stands in its epochs: the resumable state of make_loader's loaders, and each batch's epoch."""
+"""Where a loader stands in its epochs: the step cursor its read-ahead follows, and its resumable state."""
 
 from collections.abc import Mapping
 
@@ -42,8 +42,7 @@ class Steps:
         return self.readahead
 
     def batches(self, epoch, start=0):
-        """Yield the indices of ``epoch``'s batches from global step ``start`` on (an EpochSampler's), telling the
-        read-ahead."""
+        """Yield an EpochSampler's indices of ``epoch``'s batches from step ``start`` on, telling the read-ahead."""
         self.sampler.bind(iterating=True)
         readahead = self.follow()
         if readahead is None:
