@@ -164,9 +164,11 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
               help="Replace HTML line breaks (<br />) by spaces [default: on, off for tokenizer files].")
 @click.option("--source-format", type=click.Choice(SOURCE_FORMATS), default=None,
               help="How to read SRC [default: folder, or by file extension; other files: one text per line].")
-@click.option("--text-field", default="text", show_default=True, help="CSV column / JSON field with the text.")
-@click.option("--label-field", default="label", show_default=True, help="CSV column / JSON field with the label.")
-@click.option("--no-labels", is_flag=True, help="CSV/JSONL: store no labels (all -1).")
+@click.option("--text-field", default="text", show_default=True,
+              help="CSV or Parquet column / JSON field with the text.")
+@click.option("--label-field", default="label", show_default=True,
+              help="CSV or Parquet column / JSON field with the label.")
+@click.option("--no-labels", is_flag=True, help="CSV/JSONL/Parquet: store no labels (all -1).")
 @click.option("--unsup/--no-unsup", default=False, show_default=True,
               help="Folder SRC: also store the unsup folder, unlabeled (label -1).")
 @click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,

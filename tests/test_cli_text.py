@@ -44,13 +44,20 @@ def test_errors_are_one_line_and_status_1(tmp_path):
     assert not os.path.exists(tmp_path / "x.h5")
 
 
-def test_a_parquet_file_given_as_text_is_one_error_line_and_status_1(tmp_path):
+def test_a_parquet_file_converts_and_one_named_as_text_is_one_error_line(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     texts, labels = make_reviews(30)
     src = tmp_path / "reviews.parquet"
     pq.write_table(pa.table({"text": texts, "label": labels}), src)
-    result = run("convert", "text", src, tmp_path / "out.h5", "--quiet")
-    assert result.exit_code == 1 and "is a Parquet file, not text" in result.output, result.output
-    assert len(result.output.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "out.h5")
+    result = run("convert", "text", src, tmp_path / "out.h5", "--tokenizer", "bytes", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert stored_sequences(tmp_path / "out.h5")[2]["source"]["format"] == "parquet"
+    os.rename(src, tmp_path / "reviews.txt")
+    refused = run("convert", "text", tmp_path / "reviews.txt", tmp_path / "t.h5", "--quiet")
+    assert refused.exit_code == 1 and "is a Parquet file, not text" in refused.output, refused.output
+    assert "--source-format parquet" in refused.output and len(refused.output.strip().splitlines()) == 1
+    again = run("convert", "text", tmp_path / "reviews.txt", tmp_path / "t.h5", "--source-format", "parquet",
+                "--tokenizer", "bytes", "--quiet")
+    assert again.exit_code == 0, again.output

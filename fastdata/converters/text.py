@@ -96,8 +96,8 @@ def convert_text(
         strip_html: replace HTML line breaks (``<br />``) by spaces; default
             True except for Hugging Face tokenizers.
         source_format: one of SOURCE_FORMATS; default from ``src``.
-        text_field: CSV column or JSON field holding the text.
-        label_field: CSV column or JSON field holding the label, or None for
+        text_field: CSV or Parquet column, or JSON field, holding the text.
+        label_field: CSV or Parquet column, or JSON field, holding the label, or None for
             unlabeled data. Integer labels that are class indices (all
             below 1,024, or at least half of ``0..max`` present) are kept;
             other labels (strings, ids, negative or huge integers) become

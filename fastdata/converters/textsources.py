@@ -1,4 +1,5 @@
-"""Reading text sources for convert_text: folders of .txt files, CSV/TSV, JSON Lines (or one .json array), plain lines.
+"""Reading text sources for convert_text: folders of .txt files, CSV/TSV, JSON Lines (or a .json array), Parquet,
+plain lines.
 
 Each reader returns an ``_Inputs``: one entry per input sample, with its name
 for messages, its text (or the path to read it from), its raw label, and the
@@ -17,22 +18,22 @@ import numpy as np
 from fastdata.converters.tables import read_rows
 from fastdata.errors import NotFoundError, OptionError, SourceError
 
-SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "lines")
+SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "parquet", "lines")
 UNLABELED_FOLDER = "unsup"
 _EXTENSION_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-                      ".json": "jsonl"}
+                      ".json": "jsonl", ".parquet": "parquet"}
+_PARQUET_BATCH = 4096  # rows of a Parquet file turned into Python values at a time
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")  # a CSV label read as an integer
 _MISSING = object()  # a field absent from a record (or a short CSV row)
 _SPARSE_LIMIT = 1024  # integer labels below this are always kept as class indices
 _UTF16_32_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
                   b"\xfe\xff": "UTF-16"}
-_TABLE_ADVICE = "write its text and label columns as JSON Lines or CSV and convert that"
 # Files a text source is never read as: (offset, signature, what it is, what to do). Each signature starts with a
 # byte no UTF-8 text starts with (a control or an invalid byte), or holds a NUL, except Parquet's and Arrow's,
 # which the file must also end with.
 _BINARY_FILES = (
-    (0, b"PAR1", "a Parquet file", _TABLE_ADVICE),
-    (0, b"ARROW1", "an Arrow IPC file", _TABLE_ADVICE),
+    (0, b"PAR1", "a Parquet file", "read it as one with --source-format parquet (source_format='parquet')"),
+    (0, b"ARROW1", "an Arrow IPC file", "write its text and label columns as Parquet, JSON Lines or CSV"),
     (0, b"\x89HDF\r\n\x1a\n", "an HDF5 file", "if fastdata wrote it, `fastdata info` describes it"),
     (0, b"\x1f\x8b", "gzip-compressed", "decompress it first"),
     (0, b"\xfd7zXZ\x00", "xz-compressed", "decompress it first"),
@@ -86,6 +87,8 @@ def read_source(src, source_format, text_field, label_field, include_unsup):
     """Return the ``_Inputs`` of ``src`` read as ``source_format``."""
     if source_format == "folder":
         return _read_folder(src, include_unsup)
+    if source_format == "parquet":
+        return _read_parquet(src, text_field, label_field)
     _check_encoding(src)
     if source_format == "lines":
         return _read_lines(src)
@@ -220,6 +223,28 @@ def _read_jsonl(path, text_field, label_field):
                         record, reason = None, f"expected a JSON object, got {_json_type(record)}"
             text, label, reason = _fields(record, text_field, label_field, reason)
             inputs.add(f"{name}:{number}", text, label, reason)
+    return _non_empty(inputs, path)
+
+
+def _read_parquet(path, text_field, label_field):
+    """Read the text and label columns of a Parquet file, rows named ``file.parquet[index]``."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid and OSError name no file
+        raise SourceError(f"{path!r} is not a Parquet file pyarrow reads ({exc})") from exc
+    columns = [name for name in (text_field, label_field) if name is not None]
+    missing = [name for name in columns if name not in table.schema_arrow.names]
+    if missing:
+        raise SourceError(f"{path!r} has no column {' or '.join(map(repr, missing))}; its columns are "
+                          f"{table.schema_arrow.names}: pass --text-field / --label-field (text_field, label_field)")
+    inputs, name, row = _Inputs("parquet"), os.path.basename(path), 0
+    for batch in table.iter_batches(_PARQUET_BATCH, columns=columns):
+        for record in batch.to_pylist():
+            text, label, reason = _fields(record, text_field, label_field, None)
+            inputs.add(f"{name}[{row}]", text, label, reason)
+            row += 1
     return _non_empty(inputs, path)
 
 

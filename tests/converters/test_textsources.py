@@ -292,8 +292,7 @@ def write_noise(path):
 
 
 @pytest.mark.parametrize("name, write, error", [
-    ("reviews.parquet", write_parquet, "is a Parquet file, not text.*JSON Lines or CSV"),
-    ("reviews.txt", write_parquet, "is a Parquet file, not text"),  # named as text: its bytes decide
+    ("reviews.txt", write_parquet, "is a Parquet file, not text.*--source-format parquet"),  # its bytes decide
     ("reviews.arrow", write_arrow_file, "is an Arrow IPC file, not text"),
     ("reviews.csv.gz", write_compressed(gzip.open), "is gzip-compressed.*decompress it first"),
     ("reviews.csv", write_compressed(lzma.open), "is xz-compressed"),
@@ -313,6 +312,52 @@ def test_a_binary_file_is_refused_whole_never_read_as_lines(tmp_path, name, writ
         convert(src, tmp_path / "out.h5")
     assert repr(str(src)) in str(refused.value)
     assert not (tmp_path / "out.h5").exists()
+
+
+def test_a_parquet_file_converts_as_its_csv_does(tmp_path):
+    import pyarrow.parquet as pq
+
+    table = reviews_table(40)
+    pq.write_table(table, tmp_path / "reviews.parquet", row_group_size=7)  # rows over several row groups
+    from_parquet = convert(tmp_path / "reviews.parquet", tmp_path / "p.h5", tokenizer="bytes")
+    from_csv = convert(write_csv(tmp_path / "reviews.csv", plain_rows(40)), tmp_path / "c.h5", tokenizer="bytes")
+    assert from_parquet.num_samples == 40 and from_parquet.skipped == []
+    parquet_tokens, parquet_labels, metadata = stored_sequences(from_parquet.path)
+    csv_tokens, csv_labels, csv_metadata = stored_sequences(from_csv.path)
+    assert [list(t) for t in parquet_tokens] == [list(t) for t in csv_tokens]
+    assert np.array_equal(parquet_labels, csv_labels) and metadata["classes"] == csv_metadata["classes"]
+    assert metadata["source"]["format"] == "parquet" and metadata["source"]["text_field"] == "text"
+
+
+def test_parquet_rows_that_cannot_be_used_are_reported_by_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"review": ["a fine film", None, "", "a dull film", "very good"],
+                      "stars": [5, 1, 3, None, 4.0], "id": [1, 2, 3, 4, 5]})
+    pq.write_table(table, tmp_path / "r.parquet")
+    report = convert(tmp_path / "r.parquet", tmp_path / "r.h5", tokenizer="bytes", text_field="review",
+                     label_field="stars")
+    assert report.num_samples == 2
+    assert [name for name, _ in report.skipped] == ["r.parquet[1]", "r.parquet[2]", "r.parquet[3]"]
+    assert "field 'review' is null, expected a string" in report.skipped[0][1]
+    _, labels, metadata = stored_sequences(report.path)
+    assert [metadata["classes"][label] for label in labels] == ["5", "4"]
+    unlabeled = convert(tmp_path / "r.parquet", tmp_path / "u.h5", tokenizer="bytes", text_field="review",
+                        label_field=None)
+    assert (stored_sequences(unlabeled.path)[1] == -1).all()
+
+
+def test_a_parquet_file_without_the_columns_names_the_ones_it_has(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a"], "stars": [1]}), tmp_path / "r.parquet")
+    with pytest.raises(SourceError, match=r"has no column 'text' or 'label'; its columns are \['body', 'stars'\]"):
+        convert(tmp_path / "r.parquet", tmp_path / "r.h5")
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 but not really")
+    with pytest.raises(SourceError, match="broken.parquet' is not a Parquet file pyarrow reads"):
+        convert(tmp_path / "broken.parquet", tmp_path / "b.h5")
 
 
 def test_text_in_a_legacy_encoding_converts_and_reports_its_lines_that_are_not_utf8(tmp_path):
