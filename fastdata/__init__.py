@@ -18,6 +18,7 @@ _EXPORTS = {
     "ConversionReport": "fastdata.converters",
     "DiskFullError": "fastdata.errors",
     "FastdataError": "fastdata.errors",
+    "Field": "fastdata.formats.records",
     "FormatError": "fastdata.errors",
     "HDF5Dataset": "fastdata.loading.datasets",
     "MissingDependencyError": "fastdata.errors",
@@ -25,6 +26,7 @@ _EXPORTS = {
     "OptionError": "fastdata.errors",
     "OutputExistsError": "fastdata.errors",
     "ProfileReport": "fastdata.measure.profiler",
+    "RecordDataset": "fastdata.loading.records",
     "RemoteError": "fastdata.errors",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
@@ -34,6 +36,7 @@ _EXPORTS = {
     "make_loader": "fastdata.loading.loader",
     "open_dataset": "fastdata.loading.datasets",
     "profile": "fastdata.measure.profiler",
+    "write": "fastdata.converters.records",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -42,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers see: the real names, re-exported ("X as 
     from fastdata.converters import ConversionReport as ConversionReport
     from fastdata.converters import convert_imagefolder as convert_imagefolder
     from fastdata.converters import convert_text as convert_text
+    from fastdata.converters.records import write as write
     from fastdata.errors import DiskFullError as DiskFullError
     from fastdata.errors import FastdataError as FastdataError
     from fastdata.errors import FormatError as FormatError
@@ -52,10 +56,12 @@ if TYPE_CHECKING:  # what type checkers see: the real names, re-exported ("X as 
     from fastdata.errors import RemoteError as RemoteError
     from fastdata.errors import SampleError as SampleError
     from fastdata.errors import SourceError as SourceError
+    from fastdata.formats.records import Field as Field
     from fastdata.loading.datasets import ArrowDataset as ArrowDataset
     from fastdata.loading.datasets import HDF5Dataset as HDF5Dataset
     from fastdata.loading.datasets import open_dataset as open_dataset
     from fastdata.loading.loader import make_loader as make_loader
+    from fastdata.loading.records import RecordDataset as RecordDataset
     from fastdata.loading.samplers import BatchIndexSampler as BatchIndexSampler
     from fastdata.loading.samplers import BucketBatchSampler as BucketBatchSampler
     from fastdata.measure.profiler import ProfileReport as ProfileReport

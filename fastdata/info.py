@@ -8,7 +8,8 @@ import os
 
 import numpy as np
 
-from fastdata.formats import format_of, read_packed
+from fastdata.formats import format_of, read_metadata, read_packed, read_records
+from fastdata.formats.records import RECORDS_KIND
 from fastdata.formats.schema import check_dataset_fields
 from fastdata.formats.shards import read_index
 
@@ -22,14 +23,30 @@ def describe(path, all_skipped=False):
     """
     if os.path.isdir(path):
         header, metadata = _folder_lines(path)
+    elif read_metadata(path)["kind"] == RECORDS_KIND:
+        _, fields, metadata = read_records(path)  # checked: a damaged file is named here
+        check_dataset_fields(metadata, os.fspath(path))
+        return "\n".join(_file_lines(path, metadata) + _records_lines(fields, metadata, all_skipped))
     else:
         _, metadata = read_packed(path)  # checked: a damaged file is named here
         check_dataset_fields(metadata, os.fspath(path))  # every field printed below
-        header = [
-            f"file:        {os.fspath(path)!r} ({format_of(path)}, format version {metadata['format_version']})",
-            f"size:        {_human_bytes(os.path.getsize(path))}",
-        ]
+        header = _file_lines(path, metadata)
     return "\n".join(header + _dataset_lines(metadata, all_skipped))
+
+
+def _file_lines(path, metadata):
+    return [f"file:        {os.fspath(path)!r} ({format_of(path)}, format version {metadata['format_version']})",
+            f"size:        {_human_bytes(os.path.getsize(path))}"]
+
+
+def _records_lines(fields, metadata, all_skipped):
+    """Return the lines that describe a record file: its records, each field's type and storage, its skips."""
+    lines = [f"kind:        records of {len(fields)} named fields", f"records:     {metadata['num_samples']}"]
+    for name, field in fields.items():
+        options = ", ".join(f"{key}={value}" for key, value in field.to_dict(name).items()
+                            if key not in ("name", "type"))
+        lines.append(f"  {name}: {field.type}" + (f" ({options})" if options else ""))
+    return lines + _skipped_lines(metadata, all_skipped)
 
 
 def _folder_lines(root):
@@ -82,8 +99,12 @@ def _dataset_lines(metadata, all_skipped):
     lines.append("source:      " + ", ".join(f"{key}={value!r}" for key, value in sorted(source.items())))
     kinds = ", ".join(f"{_printable(kind)}: {count}" for kind, count in ignored.items())
     lines.append(f"ignored:     {sum(ignored.values())} files that are not inputs" + (f" ({kinds})" if kinds else ""))
+    return lines + _skipped_lines(metadata, all_skipped)
+
+
+def _skipped_lines(metadata, all_skipped):
     skipped = metadata.get("skipped", [])
-    lines.append(f"skipped:     {len(skipped)}")
+    lines = [f"skipped:     {len(skipped)}"]
     shown = skipped if all_skipped else skipped[:_SHOWN_SKIPS]
     lines += [f"  {item['path']!r}: {_printable(item['reason'])}" for item in shown]
     if len(shown) < len(skipped):

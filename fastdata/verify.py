@@ -1,24 +1,22 @@
 """Check a packed file or shard folder for damage and name the damaged samples: what `fastdata verify` runs."""
 
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from fastdata.codecs.images import decode_jpeg
 from fastdata.errors import FormatError, NotFoundError
-from fastdata.formats import read_checksums, read_packed
+from fastdata.formats import read_checksums, read_metadata, read_packed
 from fastdata.formats.layout import (
-    CHECKSUM_ALGORITHM,
     bad_label_samples,
     bad_offset_samples,
-    chunk_checksums,
     format_samples,
     label_bounds,
     longest_sample,
     sample_ranges,
     stored_columns,
 )
+from fastdata.formats.records import RECORDS_KIND
 from fastdata.formats.schema import check_dataset_fields
 from fastdata.formats.shards import (
     INDEX_NAME,
@@ -28,64 +26,16 @@ from fastdata.formats.shards import (
     shard_differences,
     shard_mismatch,
 )
+from fastdata.verifyrecords import verify_records
+from fastdata.verifyreport import Problem, VerifyReport, count_of, mismatched_chunks
 
 _SCAN = 1 << 22  # token ids per numpy pass of the vocabulary check
-
-
-@dataclass
-class Problem:
-    """One kind of damage found in a file.
-
-    Attributes:
-        check: the check that found it: "structure", "checksum", "offsets", "labels", "jpeg" or "tokens";
-            in a shard folder also "index", "shard" (a shard missing, of the wrong size or count) and
-            "columns" (a column file missing, damaged, or not the shards' labels or lengths).
-        message: what is wrong and where, for people.
-        samples: int64 sorted indices of the damaged samples; empty where they cannot be told.
-    """
-
-    check: str
-    message: str
-    samples: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-
-
-@dataclass
-class VerifyReport:
-    """What ``verify`` found in one file; ``ok`` when nothing is damaged."""
-
-    path: str
-    quick: bool = False
-    format_version: int | None = None
-    num_samples: int | None = None
-    checked: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-
-    @property
-    def ok(self):
-        return not self.problems
-
-    @property
-    def damaged_samples(self):
-        """int64 sorted indices of every sample a problem names."""
-        return np.unique(np.concatenate([np.empty(0, np.int64)] + [p.samples for p in self.problems]))
-
-    def __str__(self):
-        about = f"format version {self.format_version}, {self.num_samples} samples; checked: " + (
-            ", ".join(self.checked) or "nothing"
-        )
-        state = "ok" if self.ok else f"DAMAGED, {_count(len(self.problems), 'problem')}"
-        lines = [f"{self.path!r}: {state} ({about})"]
-        lines += [f"  {problem.check}: {problem.message}" for problem in self.problems]
-        lines += [f"  note: {note}" for note in self.notes]
-        if not self.ok:
-            lines.append('  the file is damaged: re-run "fastdata convert" (or restore a good copy)')
-        return "\n".join(lines)
 
 
 def verify(path, quick=False):
     """Check the packed file at ``path``: checksums, structure, offsets, labels, stored JPEGs, token ids.
 
+    A file of records is checked field by field (see ``verify_records``).
     A shard folder is checked shard by shard (see ``verify_folder``).
 
     Args:
@@ -108,6 +58,8 @@ def verify(path, quick=False):
         return verify_folder(path, quick)
     report = VerifyReport(path, quick)
     try:
+        if read_metadata(path)["kind"] == RECORDS_KIND:
+            return verify_records(path, quick)
         columns, metadata = read_packed(path, check=False)
         check_dataset_fields(metadata, path, complete="shard" not in metadata)  # a shard's index holds the rest
     except FormatError as exc:
@@ -139,30 +91,16 @@ def _check_checksums(report, columns, metadata, stored, offsets_ok):
             're-run "fastdata convert" to add them'
         )
         return
-    described = info if isinstance(info, dict) else {}
-    chunk_bytes = described.get("chunk_bytes")
-    if described.get("algorithm") != CHECKSUM_ALGORITHM or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-        report.problems.append(Problem("structure", f"the checksum description is missing or damaged: {info!r}"))
-        return
-    for name, array in stored_columns(columns).items():
-        actual, expected = chunk_checksums(array, chunk_bytes), stored.get(name)
-        if expected is None or len(expected) != len(actual):
-            found = "no" if expected is None else len(expected)
-            report.problems.append(
-                Problem("structure", f"column {name!r}: {_count(len(actual), 'chunk')} but {found} stored checksums")
-            )
-            continue
-        bad = np.flatnonzero(actual != expected)
-        if len(bad):
-            report.problems.append(_checksum_problem(name, bad, chunk_bytes, columns, offsets_ok))
-    report.checked.append(f"{CHECKSUM_ALGORITHM} checksums")
+    for name, chunks, chunk_bytes in mismatched_chunks(report, metadata, stored_columns(columns), stored):
+        report.problems.append(_checksum_problem(name, chunks, chunk_bytes, columns, offsets_ok))
 
 
 def _checksum_problem(name, chunks, chunk_bytes, columns, offsets_ok):
     nbytes = stored_columns(columns)[name].nbytes
     byte_ranges = [(start * chunk_bytes, min(stop * chunk_bytes, nbytes)) for start, stop in sample_ranges(chunks)]
     where = "bytes " + ", ".join(f"{start}-{stop - 1}" for start, stop in byte_ranges[:8])
-    message = f"column {name!r}: checksum mismatch in {_count(len(chunks), 'chunk')} of {chunk_bytes} bytes ({where})"
+    message = (f"column {name!r}: checksum mismatch in {count_of(len(chunks), 'chunk')} of {chunk_bytes} bytes "
+               f"({where})")
     if name == "samples" and columns.ragged and not offsets_ok:
         return Problem("checksum", message + "; which samples they hold is unknown, the offsets are damaged too")
     samples = np.unique(np.concatenate([_samples_in(name, start, stop, columns) for start, stop in byte_ranges]))
@@ -183,10 +121,6 @@ def _samples_in(name, start, stop, columns):
     first = np.searchsorted(columns.offsets, start // itemsize, side="right") - 1
     last = np.searchsorted(columns.offsets, -(-stop // itemsize), side="left")
     return np.arange(max(first, 0), min(last, n))
-
-
-def _count(number, noun):
-    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _check_offsets(report, columns, metadata):

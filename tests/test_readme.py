@@ -46,6 +46,7 @@ TRAINERS = "### Lightning and accelerate"
 HUGGING_FACE = "### Hugging Face `datasets`"
 DEVICE = "### From file to GPU: device feeding, batched augmentation, normalization"
 TEXT = "### Converting text"
+RECORDS = "### Records of named fields: `fastdata.write`"
 MEASURING = "## Measuring on your own data"
 
 # (heading, language, n: the n-th block of that language under the heading) -> the test that runs it: a test
@@ -64,6 +65,7 @@ RUN = {
     (DEVICE, "python", 0): "test_the_device_pipeline_augments_normalizes_and_casts",
     (TEXT, "bash", 0): "test_every_text_source_converts_and_loads_in_buckets",
     (TEXT, "python", 0): "test_every_text_source_converts_and_loads_in_buckets",
+    (RECORDS, "python", 0): "test_records_of_named_fields_write_and_load_as_dict_batches",
     (MEASURING, "bash", 0): "test_bench_and_tune_measure_a_folder_and_a_file",
     (MEASURING, "python", 0): "test_profile_reports_one_line_shaped_as_the_readme_shows",
 }
@@ -522,6 +524,25 @@ def test_every_text_source_converts_and_loads_in_buckets(tmp_path, monkeypatch, 
         assert (tokens[padding] == 0).all() and (tokens[~padding] != 0).all()  # <pad> is 0, only past the length
     assert sorted(torch.cat([labels for _, _, labels in names["seen"]]).tolist()) == sorted(train.labels.tolist())
     assert "'saved'" in capsys.readouterr().out  # print(sampler.padding())
+
+
+def test_records_of_named_fields_write_and_load_as_dict_batches(photos, tmp_path, monkeypatch):
+    rng = np.random.default_rng(4)
+    paths = sorted(str(path) for path in Path(photos).rglob("*") if path.is_file())
+    annotations = [(path, f"photo {number}: ünï", rng.random((number % 4, 4)).astype(np.float32), number % 3)
+                   for number, path in enumerate(paths)]
+    monkeypatch.chdir(tmp_path)
+    names = run_snippet(recording(snippet(RECORDS), "seen.append(batch)"), seen=[], annotations=annotations)
+    (batch,) = names["seen"]
+    assert batch["image"].shape == (len(paths), 3, 64, 64) and batch["image"].dtype == torch.uint8
+    order = batch["label"].tolist()
+    by_caption = {text: (boxes, label) for _, text, boxes, label in annotations}
+    assert sorted(batch["caption"]) == sorted(text for _, text, _, _ in annotations)
+    for row, caption in enumerate(batch["caption"]):
+        boxes, label = by_caption[caption]
+        assert order[row] == label and int(batch["boxes_lengths"][row]) == len(boxes)
+        np.testing.assert_array_equal(batch["boxes"][row, : len(boxes)].numpy(), boxes)
+    assert len(names["captions"]) == len(paths) and list(names["captions"][0]) == ["caption"]
 
 
 # ---------------------------------------------------------------- measuring

@@ -91,17 +91,37 @@ def load_image(path, spec):
     a regular file (a FIFO would block the open forever); the caller reports it.
     """
     _check_regular_file(path)
+
+    def read():
+        with open(path, "rb") as file:
+            return file.read()
+
+    return _prepared(path, read, spec)
+
+
+def load_image_bytes(data, spec):
+    """Decode encoded image ``data`` (bytes of any format Pillow opens) as ``load_image`` decodes a file."""
+    return _prepared(io.BytesIO(data), lambda: bytes(data), spec)
+
+
+def prepare_pixels(img, spec):
+    """Return the PIL image ``img`` (any mode) preprocessed to ``spec``: uint8 ``[H, W, 3]``; ``img`` is unchanged."""
+    return np.asarray(resize(to_rgb(ImageOps.exif_transpose(img), spec.background), spec))
+
+
+def _prepared(source, read, spec):
+    """Open ``source`` (a path or file object) and preprocess it to ``spec``; ``read()`` returns its bytes."""
     with warnings.catch_warnings():
         # Pillow warns (rather than fails) between 1x and 2x MAX_IMAGE_PIXELS;
         # we treat both as a bomb. Other warnings (odd EXIF, ...) are harmless.
         warnings.simplefilter("ignore")
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(path) as img:
+        with Image.open(source) as img:
             # JPEG only: decode at 1/2, 1/4 or 1/8 scale, never below the target.
             longest = max(spec.height, spec.width)
             full_size = img.size
             img.draft(None, (longest, longest))
-            img = _load_pixels(img, path, full_scale=img.size == full_size)
+            img = _load_pixels(img, read, full_scale=img.size == full_size)
             ImageOps.exif_transpose(img, in_place=True)  # no copy where there is no rotation
             return np.asarray(resize(to_rgb(img, spec.background), spec))
 
@@ -113,8 +133,8 @@ def _check_regular_file(path):
         raise OSError(f"not a regular file but {kind}; left unopened")
 
 
-def _load_pixels(img, path, full_scale):
-    """Decode ``img``, opened from ``path``; return it or an image with the same pixels and info.
+def _load_pixels(img, read, full_scale):
+    """Decode ``img``, whose encoded bytes ``read()`` returns; return it or an image with the same pixels and info.
 
     A full-scale RGB JPEG goes through simplejpeg where installed: the same
     libjpeg-turbo settings, so the same pixels (tested), 0.1-0.2 ms sooner
@@ -123,8 +143,7 @@ def _load_pixels(img, path, full_scale):
     on what is usable the same with or without simplejpeg.
     """
     if full_scale and _simplejpeg is not None and img.format == "JPEG" and img.mode == "RGB":
-        with open(path, "rb") as file:
-            data = file.read()
+        data = read()
         try:
             decoded = Image.fromarray(_simplejpeg.decode_jpeg(data, strict=True), "RGB")
         except ValueError:

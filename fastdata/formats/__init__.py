@@ -3,14 +3,33 @@
 import os
 
 from fastdata.errors import FormatError
-from fastdata.formats.arrow import arrow_column_offsets, read_arrow, read_arrow_checksums, write_arrow
-from fastdata.formats.hdf5 import hdf5_column_offsets, read_hdf5, read_hdf5_checksums, write_hdf5
+from fastdata.formats.arrow import (
+    arrow_column_offsets,
+    read_arrow,
+    read_arrow_checksums,
+    read_arrow_metadata,
+    read_arrow_records,
+    write_arrow,
+    write_arrow_records,
+)
+from fastdata.formats.hdf5 import (
+    hdf5_column_offsets,
+    read_hdf5,
+    read_hdf5_checksums,
+    read_hdf5_metadata,
+    read_hdf5_records,
+    write_hdf5,
+    write_hdf5_records,
+)
 from fastdata.formats.layout import FORMAT_VERSION, Columns
 
+_HDF5 = ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums, hdf5_column_offsets, read_hdf5_metadata,
+         read_hdf5_records, lambda path, columns, metadata, fields: write_hdf5_records(path, columns, metadata))
 _FORMATS = {
-    ".h5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums, hdf5_column_offsets),
-    ".hdf5": ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums, hdf5_column_offsets),
-    ".arrow": ("arrow", write_arrow, read_arrow, read_arrow_checksums, arrow_column_offsets),
+    ".h5": _HDF5,
+    ".hdf5": _HDF5,
+    ".arrow": ("arrow", write_arrow, read_arrow, read_arrow_checksums, arrow_column_offsets, read_arrow_metadata,
+               read_arrow_records, write_arrow_records),
 }
 
 
@@ -43,6 +62,25 @@ def column_offsets(path):
     return _lookup(path)[4](path)
 
 
+def read_metadata(path):
+    """Return the checked metadata of the packed file at ``path``, its arrays unread: what kind of file it is."""
+    return _lookup(path)[5](path)
+
+
+def read_records(path):
+    """Open a record file of either format; return ``({field name: FieldColumn}, {field name: Field}, metadata)``.
+
+    Raises:
+        FormatError: the file is not a complete record file (a damaged one, or a (sample, label) file), naming it.
+    """
+    return _lookup(path)[6](path)
+
+
+def write_records(path, columns, metadata, fields):
+    """Write record ``columns`` of ``fields`` in the format named by ``path``'s extension."""
+    _lookup(path)[7](path, columns, metadata, fields)
+
+
 def _lookup(path):
     ext = os.path.splitext(os.fspath(path))[1].lower()
     if ext not in _FORMATS:
@@ -52,4 +90,5 @@ def _lookup(path):
     return _FORMATS[ext]
 
 
-__all__ = ["FORMAT_VERSION", "Columns", "column_offsets", "format_of", "read_checksums", "read_packed", "write_packed"]
+__all__ = ["FORMAT_VERSION", "Columns", "column_offsets", "format_of", "read_checksums", "read_metadata",
+           "read_packed", "read_records", "write_packed", "write_records"]

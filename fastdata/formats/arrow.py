@@ -18,9 +18,18 @@ from fastdata.formats.layout import (
     Columns,
     check_columns,
     check_values,
+    checksum_arrays,
     checksum_columns,
     decode_metadata,
     encode_metadata,
+)
+from fastdata.formats.records import (
+    RECORDS_KIND,
+    FieldColumn,
+    check_record_columns,
+    refuse_records,
+    schema_of_metadata,
+    stored_record_columns,
 )
 
 _CHECKSUMS = METADATA_KEY + ".checksums."  # + column name: little-endian uint32 bytes (see NOTE [checksums])
@@ -104,21 +113,8 @@ def read_arrow(path, check=True):
         FileNotFoundError: ``path`` does not exist.
         FormatError: the file is not a complete fastdata Arrow file.
     """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise NotFoundError(f"{path!r} does not exist")
-    try:
-        reader = pa.ipc.open_file(pa.memory_map(path, "r"))
-        schema_metadata = reader.schema.metadata or {}
-        metadata = decode_metadata(schema_metadata.get(METADATA_KEY.encode()), path)
-        if reader.num_record_batches != 1:
-            raise FormatError(f"{path!r}: expected one record batch, found {reader.num_record_batches}")
-        batch = reader.get_batch(0)
-    except (pa.ArrowException, OSError) as exc:
-        raise FormatError(
-            f"{path!r} is not a readable Arrow IPC file (truncated, corrupt or "
-            f"not Arrow): {exc}. Re-run \"fastdata convert\"."
-        ) from exc
+    metadata, batch = _open_batch(path)
+    refuse_records(metadata, path)
     if batch.schema.names != ["sample", "label"]:
         raise FormatError(f"{path!r}: unexpected columns {batch.schema.names}")
     try:
@@ -133,6 +129,35 @@ def read_arrow(path, check=True):
     if check:
         check_values(columns, metadata, path)
     return columns, metadata
+
+
+def _open_batch(path):
+    """Return ``(metadata, record batch)`` of the Arrow file at ``path``, checked as far as its structure.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        FormatError: the file is not a readable fastdata Arrow file.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise NotFoundError(f"{path!r} does not exist")
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(path, "r"))
+        schema_metadata = reader.schema.metadata or {}
+        metadata = decode_metadata(schema_metadata.get(METADATA_KEY.encode()), path)
+        if reader.num_record_batches != 1:
+            raise FormatError(f"{path!r}: expected one record batch, found {reader.num_record_batches}")
+        return metadata, reader.get_batch(0)
+    except (pa.ArrowException, OSError) as exc:
+        raise FormatError(
+            f"{path!r} is not a readable Arrow IPC file (truncated, corrupt or "
+            f"not Arrow): {exc}. Re-run \"fastdata convert\"."
+        ) from exc
+
+
+def read_arrow_metadata(path):
+    """Return the checked metadata of the packed Arrow file at ``path``."""
+    return _open_batch(path)[0]
 
 
 def read_arrow_checksums(path):
@@ -182,3 +207,99 @@ def _view(buffer, dtype, count, name, path):
             f"buffer has {buffer.size} bytes (a damaged length). Re-run \"fastdata convert\"."
         )
     return np.frombuffer(buffer, dtype=dtype, count=count)
+
+
+def write_arrow_records(path, columns, metadata, fields):
+    """Write record ``columns`` (``{name: FieldColumn}`` of ``fields``), ``metadata`` and checksums to ``path``.
+
+    One Arrow column per field, of Arrow's own types (int64, float, string,
+    binary, fixed-size and large lists), so any Arrow reader sees the values;
+    the schema's metadata holds fastdata's.
+    """
+    info, checksums = checksum_arrays(stored_record_columns(columns))
+    schema_metadata = {METADATA_KEY: encode_metadata(metadata, info)}
+    schema_metadata.update({_CHECKSUMS + name: sums.astype("<u4").tobytes() for name, sums in checksums.items()})
+    n = metadata["num_samples"]
+    arrays = [_field_array(columns[name], field, n) for name, field in fields.items()]
+    schema = pa.schema([(name, array.type) for name, array in zip(fields, arrays)], metadata=schema_metadata)
+    batch = pa.record_batch(arrays, schema=schema)
+    with pa.OSFile(os.fspath(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+        writer.write_batch(batch)
+
+
+def _field_array(column, field, n):
+    """Return the Arrow array of one field's ``column`` (values viewed, not copied)."""
+    values = np.ascontiguousarray(column.values)
+    if field.type in ("str", "json", "bytes", "image") and field.ragged:
+        kind = pa.large_string() if field.type in ("str", "json") else pa.large_binary()
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(column.offsets), pa.py_buffer(values)])
+    rows = _rows_array(values, field.row_shape)
+    if not field.ragged:
+        return rows
+    return pa.LargeListArray.from_buffers(pa.large_list(rows.type), n, [None, pa.py_buffer(column.offsets)],
+                                          children=[rows])
+
+
+def _rows_array(values, row_shape):
+    """Return ``values`` ``[rows, *row_shape]`` as an Arrow array of rows: primitive, or fixed-size lists."""
+    flat = pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), values.size, [None, pa.py_buffer(values)])
+    width = int(np.prod(row_shape, dtype=np.int64))
+    if not row_shape:
+        return flat
+    return pa.FixedSizeListArray.from_arrays(flat, width) if width else pa.FixedSizeListArray.from_buffers(
+        pa.list_(flat.type, 0), len(values), [None], children=[flat])
+
+
+def read_arrow_records(path):
+    """Open a record Arrow file; return ``({field name: FieldColumn}, {field name: Field}, metadata)``, zero-copy.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        FormatError: the file is not a complete fastdata record file.
+    """
+    metadata, batch = _open_batch(path)
+    if metadata["kind"] != RECORDS_KIND:
+        raise FormatError(f"{path!r} holds {metadata['kind']} samples, not records of named fields")
+    fields = schema_of_metadata(metadata, path)
+    n = metadata["num_samples"]
+    columns = {}
+    for name, field in fields.items():
+        if name not in batch.schema.names:
+            raise FormatError(f"{path!r}: the column of field {name!r} is missing; the file is damaged")
+        try:
+            columns[name] = _field_column(batch.column(name), field, n, name, path)
+        except (pa.ArrowException, ValueError, TypeError, AttributeError, IndexError) as exc:
+            raise FormatError(f"{path!r}: field {name!r} cannot be read as its schema says ({exc}); the file is "
+                              "damaged") from exc
+    check_record_columns(columns, fields, n, path)
+    return columns, fields, metadata
+
+
+def _field_column(array, field, n, name, path):
+    if len(array) != n or array.null_count or array.offset:
+        raise FormatError(f"{path!r}: field {name!r} holds {len(array)} values ({array.null_count} null) for {n} "
+                          "records; the file is damaged")
+    if not field.ragged:
+        return FieldColumn(_rows_values(array, field, len(array), name, path))
+    offsets = _view(array.buffers()[1], np.int64, n + 1, name + ".offsets", path)
+    if pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):
+        buffer = array.buffers()[2]
+        return FieldColumn(_view(buffer, np.uint8, 0 if buffer is None else buffer.size, name, path), offsets)
+    if not pa.types.is_large_list(array.type):
+        raise FormatError(f"{path!r}: field {name!r} is stored as {array.type}, not a large list; the file is "
+                          "damaged")
+    rows = int(offsets[-1]) if n else 0
+    return FieldColumn(_rows_values(array.values, field, rows, name, path), offsets)
+
+
+def _rows_values(array, field, rows, name, path):
+    """Return the numpy view ``[rows, *row_shape]`` of a primitive or fixed-size-list Arrow ``array``."""
+    shape = field.row_shape
+    if shape:
+        array = array.values
+    dtype = field.stored_dtype
+    if pa.from_numpy_dtype(dtype) != array.type:
+        raise FormatError(f"{path!r}: field {name!r} holds {array.type} values, its schema says {dtype}; the file "
+                          "is damaged")
+    count = rows * int(np.prod(shape, dtype=np.int64))
+    return _view(array.buffers()[1], dtype, count, name, path).reshape(rows, *shape)

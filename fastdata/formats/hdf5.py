@@ -21,10 +21,20 @@ from fastdata.formats.layout import (
     check_columns,
     check_values,
     checked_checksums,
+    checksum_arrays,
     checksum_columns,
     decode_metadata,
     encode_metadata,
     stored_columns,
+)
+from fastdata.formats.records import (
+    OFFSETS_SUFFIX,
+    RECORDS_KIND,
+    FieldColumn,
+    check_record_columns,
+    refuse_records,
+    schema_of_metadata,
+    stored_record_columns,
 )
 
 _COPY_BYTES = 64 << 20  # write memmapped columns in slices of this many bytes
@@ -55,6 +65,81 @@ def write_hdf5(path, columns, metadata):
         group = f.create_group(_CHECKSUMS)
         for name, sums in checksums.items():
             group.create_dataset(name, data=sums)
+
+
+def write_hdf5_records(path, columns, metadata):
+    """Write record ``columns`` (``{field name: FieldColumn}``), ``metadata`` and their checksums to ``path``.
+
+    Each column is a contiguous dataset named as in records.py (``caption``,
+    ``caption.offsets``), mapped by readers as the sample columns are.
+
+    Raises:
+        OSError: ENOSPC when the disk has no room for the file (see NOTE [hdf5 full disk]).
+    """
+    stored = stored_record_columns(columns)
+    info, checksums = checksum_arrays(stored)
+    text = encode_metadata(metadata, info)
+    _check_room(path, sum(a.nbytes for a in (*stored.values(), *checksums.values())) + len(text))
+    with h5py.File(path, "w", libver="earliest") as f:
+        f.attrs[METADATA_KEY] = text
+        for name, array in stored.items():
+            _write_dataset(f, name, array)
+        group = f.create_group(_CHECKSUMS)
+        for name, sums in checksums.items():
+            group.create_dataset(name, data=sums)
+
+
+def read_hdf5_records(path):
+    """Open a record HDF5 file; return ``({field name: FieldColumn}, {field name: Field}, metadata)`` as memmaps.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        FormatError: the file is not a complete fastdata record file.
+    """
+    path = os.fspath(path)
+    fields = {}
+
+    def names_of(f, metadata):
+        if metadata["kind"] != RECORDS_KIND:
+            raise FormatError(f"{path!r} holds {metadata['kind']} samples, not records of named fields")
+        fields.update(schema_of_metadata(metadata, path))
+        return [name + suffix for name, field in fields.items()
+                for suffix in ("", *([OFFSETS_SUFFIX] if field.ragged else []))]
+
+    metadata, layouts = _read_layouts(path, names_of)
+    file_size = os.path.getsize(path)
+    arrays = {name: _map(path, file_size, *layout) for name, layout in layouts.items()}
+    columns = {name: FieldColumn(arrays[name], arrays.get(name + OFFSETS_SUFFIX)) for name in fields}
+    check_record_columns(columns, fields, metadata["num_samples"], path)
+    return columns, fields, metadata
+
+
+def read_hdf5_metadata(path):
+    """Return the checked metadata of the packed HDF5 file at ``path`` (its arrays unread)."""
+    return _read_layouts(path, lambda f, metadata: [])[0]
+
+
+def _read_layouts(path, names_of):
+    """Return ``(metadata, {name: dataset layout})`` of the datasets ``names_of(file, metadata)`` names.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        FormatError: the file is not a readable fastdata HDF5 file, or a dataset named is missing.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise NotFoundError(f"{path!r} does not exist")
+    try:
+        with h5py.File(path, "r") as f:
+            metadata = decode_metadata(f.attrs.get(METADATA_KEY), path)
+            return metadata, {name: _dataset_layout(f, name, path) for name in names_of(f, metadata)}
+    except FormatError:
+        raise
+    except _DAMAGED as exc:
+        raise FormatError(
+            f"{path!r} is not a readable HDF5 file (truncated, corrupt or not "
+            f"HDF5): {exc}. Re-run \"fastdata convert\"."
+        ) from exc
 
 
 def _check_room(path, data_bytes):
@@ -97,20 +182,12 @@ def read_hdf5(path, check=True):
         FormatError: the file is not a complete fastdata HDF5 file.
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise NotFoundError(f"{path!r} does not exist")
-    try:
-        with h5py.File(path, "r") as f:
-            metadata = decode_metadata(f.attrs.get(METADATA_KEY), path)
-            names = ["samples", "labels"] + (["offsets"] if "offsets" in f else [])
-            layouts = {name: _dataset_layout(f, name, path) for name in names}
-    except FormatError:
-        raise
-    except _DAMAGED as exc:
-        raise FormatError(
-            f"{path!r} is not a readable HDF5 file (truncated, corrupt or not "
-            f"HDF5): {exc}. Re-run \"fastdata convert\"."
-        ) from exc
+
+    def names_of(f, metadata):
+        refuse_records(metadata, path)
+        return ["samples", "labels"] + (["offsets"] if "offsets" in f else [])
+
+    metadata, layouts = _read_layouts(path, names_of)
     file_size = os.path.getsize(path)
     arrays = {name: _map(path, file_size, *layout) for name, layout in layouts.items()}
     columns = Columns(arrays["samples"], arrays["labels"], arrays.get("offsets"))

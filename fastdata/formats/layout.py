@@ -24,8 +24,10 @@ from fastdata.formats.schema import check_dataset_fields
 
 FORMAT_NAME = "fastdata"
 FORMAT_VERSION = 2  # 2: chunk checksums; version 1 files still read, without them
+RECORDS_FORMAT_VERSION = 3  # 3: records of named fields (records.py); (sample, label) files stay version 2
 METADATA_KEY = "fastdata"
 _REQUIRED_KEYS = ("kind", "num_samples", "sample_shape", "sample_dtype")
+_REQUIRED_RECORD_KEYS = ("kind", "num_samples", "fields")
 
 # NOTE [checksums]: every stored column (samples, labels, offsets) is hashed
 # in chunks of CHECKSUM_CHUNK_BYTES of its bytes, so that `fastdata verify`
@@ -118,14 +120,20 @@ def checked_checksums(values, name, path):
 
 def checksum_columns(columns):
     """Return ``(info, {name: uint32 checksums})`` of the stored columns; ``info`` goes into the metadata."""
+    return checksum_arrays(stored_columns(columns))
+
+
+def checksum_arrays(stored):
+    """Return ``(info, {name: uint32 checksums})`` of ``{column name: array}``; ``info`` goes into the metadata."""
     chunk_bytes = CHECKSUM_CHUNK_BYTES
     info = {"algorithm": CHECKSUM_ALGORITHM, "chunk_bytes": chunk_bytes}
-    return info, {name: chunk_checksums(array, chunk_bytes) for name, array in stored_columns(columns).items()}
+    return info, {name: chunk_checksums(array, chunk_bytes) for name, array in stored.items()}
 
 
 def encode_metadata(metadata, checksums):
     """Return the JSON text stored in a file: ``metadata`` with the format name, version and checksum info."""
-    full = {**metadata, "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "checksums": checksums}
+    version = RECORDS_FORMAT_VERSION if metadata.get("kind") == "records" else FORMAT_VERSION
+    full = {**metadata, "format": FORMAT_NAME, "format_version": version, "checksums": checksums}
     return json.dumps(full, sort_keys=True, separators=(",", ":"))
 
 
@@ -143,12 +151,13 @@ def decode_metadata(text, path):
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
         raise FormatError(f"{path!r} is not a fastdata file")
     version = metadata.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or version > RECORDS_FORMAT_VERSION:
         raise FormatError(
             f"{path!r}: format version {version}, this fastdata reads up to "
-            f"{FORMAT_VERSION}. Upgrade fastdata or re-run \"fastdata convert\"."
+            f"{RECORDS_FORMAT_VERSION}. Upgrade fastdata or re-run \"fastdata convert\"."
         )
-    missing = [key for key in _REQUIRED_KEYS if key not in metadata]
+    required = _REQUIRED_RECORD_KEYS if metadata.get("kind") == "records" else _REQUIRED_KEYS
+    missing = [key for key in required if key not in metadata]
     if missing:
         raise FormatError(f"{path!r}: fastdata metadata lacks {missing}; re-run \"fastdata convert\"")
     check_dataset_fields(metadata, path, complete=False)  # what is there has its type: a damaged file is named

@@ -77,7 +77,7 @@ _SHARD = {
 }
 _SKIPPED = {"path": (_is(str), "text", True), "reason": (_is(str), "text", True)}
 _DATASET = {
-    "kind": (lambda v: v in ("image", "text"), '"image" or "text"', True),
+    "kind": (lambda v: v in ("image", "text"), '"image", "text" or "records"', True),
     "num_samples": (_count, "a non-negative integer", True),
     "sample_shape": (_list_of(_optional(lambda v: _count(v) and v > 0)), "a list of positive integers (or null)",
                      True),
@@ -116,6 +116,14 @@ _OF_KIND = {  # what `fastdata info`, the loaders and verify read of each kind
 }
 
 
+_RECORDS = {  # a file of records of named fields (records.py): its fields are checked by schema_of_metadata
+    "kind": (lambda v: v == "records", '"records"', True),
+    "num_samples": _DATASET["num_samples"],
+    "fields": (_list_of(lambda v: isinstance(v, dict) and isinstance(v.get("name"), str)),
+               "a list of field objects with names", True),
+    "source": (_is(dict), "an object", False),
+    "skipped": _DATASET["skipped"],
+}
 _CONTAINER_KEYS = ("kind", "sample_shape", "sample_dtype")
 
 
@@ -141,7 +149,9 @@ def check_dataset_fields(metadata, where, prefix="", complete=True):
         FormatError: a field is missing or of the wrong type, naming ``where`` and the field.
     """
     advice = _ADVICE if prefix else _FILE_ADVICE  # an index's metadata, or a packed file's
-    if complete:
+    if metadata.get("kind") == "records":
+        _check(metadata, _RECORDS if complete else _present(_RECORDS), where, prefix, advice)
+    elif complete:
         _check(metadata, _DATASET, where, prefix, advice)
         _check(metadata, _OF_KIND[metadata["kind"]], where, prefix, advice)
     else:  # the container checks the shape and dtype against its arrays; any kind may be stored

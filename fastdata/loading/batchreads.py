@@ -135,12 +135,17 @@ class BatchReads:
         return decoder_for(self.metadata, self.path).max_batch_bytes(batch_size, **options) + 8 * batch_size
 
     def _check_indices(self, indices):
-        if indices.ndim != 1:
-            raise ValueError(f"indices should be 1-D, got shape {indices.shape}")
-        if not len(indices):
-            return indices
-        least = indices.min()
-        if least < -self._num_samples or indices.max() >= self._num_samples:
-            bad = indices[(indices < -self._num_samples) | (indices >= self._num_samples)][0]
-            raise IndexError(f"index {bad} is out of range for {self._num_samples} samples in {self.path!r}")
-        return indices if least >= 0 else np.where(indices < 0, indices + self._num_samples, indices)
+        return checked_indices(indices, self._num_samples, self.path)
+
+
+def checked_indices(indices, num_samples, path):
+    """Return 1-D int64 ``indices``, negative ones counted from the end; IndexError naming ``path`` if out of range."""
+    if indices.ndim != 1:
+        raise ValueError(f"indices should be 1-D, got shape {indices.shape}")
+    if not len(indices):
+        return indices
+    least = indices.min()
+    if least < -num_samples or indices.max() >= num_samples:
+        bad = indices[(indices < -num_samples) | (indices >= num_samples)][0]
+        raise IndexError(f"index {bad} is out of range for {num_samples} samples in {path!r}")
+    return indices if least >= 0 else np.where(indices < 0, indices + num_samples, indices)

@@ -32,20 +32,22 @@ are compared less often (NOTE [shard fingerprint] in reading/fingerprints.py).
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from fastdata.errors import FormatError, OptionError
-from fastdata.formats import format_of
+from fastdata.formats import format_of, read_metadata
 from fastdata.formats.arrow import read_arrow
 from fastdata.formats.hdf5 import read_hdf5
+from fastdata.formats.records import RECORDS_KIND
 from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.loading.batchreads import BatchReads
 from fastdata.loading.decoders import decoder_for
 from fastdata.loading.huggingface import to_hf
+from fastdata.loading.records import RecordDataset
 from fastdata.reading.kernel import check_pattern
 from fastdata.reading.remote import open_remote_store
 from fastdata.reading.store import ShardStore
@@ -344,8 +346,12 @@ def open_dataset(
     path: str | os.PathLike, transform: Callable[[torch.Tensor], torch.Tensor] | None = None, *,
     max_open_shards: int | None = None, storage_options: dict | None = None,
     cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None, prefetch: int | None = None,
-) -> HDF5Dataset | ArrowDataset:
+    fields: Sequence[str] | None = None,
+) -> HDF5Dataset | ArrowDataset | RecordDataset:
     """Return the HDF5Dataset or ArrowDataset for ``path``: a file by its extension, a shard folder by its index.
+
+    A file of records written by ``fastdata.write`` gives a RecordDataset, whose
+    items and batches are dicts; ``fields`` picks the fields it reads (default: all).
 
     ``path`` may be the URL of a shard folder (``s3://...``, any fsspec URL):
     see PackedDataset for ``storage_options``, ``cache_dir``, ``cache_limit``
@@ -356,6 +362,14 @@ def open_dataset(
         >>> dataset = open_dataset("train/")  # a shard folder: index.json, shard-00000.h5, ...
         >>> dataset = open_dataset("s3://bucket/train/", cache_limit=20 << 30)
     """
+    if not is_url(path) and not os.path.isdir(path) and read_metadata(path)["kind"] == RECORDS_KIND:
+        if transform is not None:
+            raise OptionError(f"transform applies to (sample, label) items; {os.fspath(path)!r} holds records of "
+                              "named fields: transform the dicts it gives")
+        return RecordDataset(path, fields=fields)
+    if fields is not None:
+        raise OptionError(f"fields= picks the fields of a record file (fastdata.write); {os.fspath(path)!r} holds "
+                          "(sample, label) pairs")
     remote = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
               "prefetch": prefetch}
     index = None  # a folder's, read once: a URL's costs round trips (NOTE [one index request] in storage/urls.py)

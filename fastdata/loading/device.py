@@ -303,6 +303,9 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
             raise OptionError(f"{', '.join(given)} run in the device pipeline: pass device='cpu' or device='cuda' "
                               "too")
         return None
+    if getattr(dataset, "kind", None) == "records":
+        raise OptionError("device= and its pipeline take (sample, label) batches; a record dataset's batches are "
+                          "dicts: move them with {name: value.to(device) for ...} in the loop")
     device = _check_device(device)
     if given and getattr(dataset, "kind", None) == "text":
         raise OptionError(f"{', '.join(given)} apply to image batches; a text dataset's batches only move to "

@@ -34,6 +34,7 @@ from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.helper import HelperProcess
 from fastdata.loading.recommendation import read_recommendation
+from fastdata.loading.records import RecordDataset
 from fastdata.loading.samplers import BatchIndexSampler, resolve_rank
 from fastdata.loading.transport import SharedSlots
 from fastdata.loading.workers import WorkerLoader, worker_loader
@@ -45,7 +46,7 @@ from fastdata.reading.windows import WindowAhead
 
 
 def make_loader(
-    dataset: PackedDataset,
+    dataset: PackedDataset | RecordDataset,
     batch_size: int = 256,
     *,
     shuffle: bool | str = False,
@@ -74,7 +75,8 @@ def make_loader(
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
     On a text file it yields ``(tokens int64 [B, T], lengths int64 [B],
-    labels int64 [B])``, tokens padded with the file's pad id. Under
+    labels int64 [B])``, tokens padded with the file's pad id; on a file of
+    records (``fastdata.write``) dicts (see RecordDataset). Under
     ``torch.distributed`` each rank reads its share of every global batch of
     ``batch_size * world_size`` samples, in one order for any world size and
     number of workers (see NOTE [global order] in order.py); every rank
@@ -200,6 +202,9 @@ def make_loader(
     if helper_process is True and num_workers:
         raise OptionError(f"helper_process=True reads in one process of its own and replaces num_workers; got "
                           f"num_workers={num_workers!r} too: pass one of them")
+    if helper_process is True and getattr(dataset, "kind", None) == "records":
+        raise OptionError("helper_process=True reads (sample, label) batches into shared slots; a record "
+                          "dataset's dict batches are read in this process, or by num_workers worker processes")
     options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)

@@ -1,0 +1,289 @@
+"""Records of named fields: the schema, and the columns each field type is stored as.
+
+A record file holds ``num_samples`` records, each a value per field. A field's
+type decides how it is stored and batched:
+
+==========  ====================================  ==========================================
+type        value                                 stored as (``name``, ``name.offsets``)
+==========  ====================================  ==========================================
+``image``   RGB pixels, one size for the file     raw: uint8 ``[N, 3, H, W]``; jpeg, png:
+                                                  encoded bytes + offsets
+``tokens``  integer ids, any length (0 too)       ``dtype`` values + offsets
+``int``     one integer                           int64 ``[N]``
+``float``   one number                            ``dtype`` (float64, float32) ``[N]``
+``array``   an array of one ``shape``             ``dtype`` ``[N, *shape]``
+``ragged``  rows of one inner shape: ``[n, *s]``  ``dtype`` ``[rows, *s]`` + offsets (in rows)
+``str``     text                                  UTF-8 bytes + offsets
+``bytes``   bytes                                 bytes + offsets
+``json``    any JSON value                        its UTF-8 JSON text + offsets
+==========  ====================================  ==========================================
+
+Offsets are int64 ``[N + 1]``: record ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
+The schema is a list of field objects (``{"name", "type", ...}``) in the
+file's JSON metadata, under ``fields``; both containers store every column
+named as above, with chunk checksums (NOTE [checksums] in layout.py).
+"""
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastdata.errors import FormatError, OptionError
+from fastdata.formats.layout import bad_offset_samples, format_samples
+
+RECORDS_KIND = "records"
+FIELD_TYPES = ("image", "tokens", "int", "float", "array", "ragged", "str", "bytes", "json")
+IMAGE_STORAGES = ("raw", "jpeg", "png")
+RESIZE_MODES = ("crop", "pad", "stretch")  # codecs.images.RESIZE_MODES: formats/ imports no codec
+OFFSETS_SUFFIX = ".offsets"
+LENGTHS_SUFFIX = "_lengths"  # a ragged field's lengths in a batch: ``batch["boxes_lengths"]``
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_DEFAULT_DTYPES = {"tokens": "int32", "int": "int64", "float": "float64", "array": "float32", "ragged": "float32"}
+_BYTE_TYPES = ("str", "bytes", "json")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a record schema: its type and how it is stored.
+
+    Args:
+        type: one of FIELD_TYPES.
+        dtype: numeric dtype of ``tokens`` (default int32), ``float`` (float64),
+            ``array`` and ``ragged`` (float32); ``int`` is int64.
+        shape: ``array``: the fixed shape of each value; ``ragged``: the
+            shape of each row (``(4,)`` for boxes ``[n, 4]``; default ``()``).
+        size: ``image``: ``(height, width)`` every image is brought to.
+        storage: ``image``: "raw" (decoded pixels, the fastest to load),
+            "jpeg" or "png" (encoded, decoded per batch).
+        quality: ``image`` with ``storage="jpeg"``: the JPEG quality.
+        resize: ``image``: "crop", "pad" or "stretch" (see codecs.images.ImageSpec).
+
+    Example:
+        >>> schema = {"image": Field("image", size=(64, 64), storage="jpeg"), "caption": "str", "label": "int"}
+    """
+
+    type: str
+    dtype: str | None = None
+    shape: tuple | None = None
+    size: tuple | None = None
+    storage: str | None = None
+    quality: int | None = None
+    resize: str | None = None
+
+    def to_dict(self, name):
+        """Return the field's JSON object, as the file's metadata stores it."""
+        return {"name": name, **{key: list(value) if isinstance(value, tuple) else value
+                                 for key, value in vars(self).items() if value is not None}}
+
+    @property
+    def ragged(self):
+        """Whether each value has its own length (stored as values + offsets)."""
+        return self.type in ("tokens", "ragged", *_BYTE_TYPES) or (self.type == "image" and self.storage != "raw")
+
+    @property
+    def row_shape(self):
+        """The shape of one stored row of the values column: a record's value (fixed) or one row of it (ragged)."""
+        if self.type == "image":
+            return (3, *self.size) if self.storage == "raw" else ()
+        return tuple(self.shape or ())
+
+    @property
+    def stored_dtype(self):
+        """The numpy dtype of the values column."""
+        if self.type in ("image", *_BYTE_TYPES):
+            return np.dtype(np.uint8)
+        return np.dtype(self.dtype)
+
+
+def make_field(spec, name):
+    """Return the complete Field of ``spec`` (a type name, a Field or a field's JSON object), defaults filled in.
+
+    Raises:
+        OptionError: an unknown type, a bad option, or an option its type does not take, naming the field.
+    """
+    if isinstance(spec, str):
+        spec = Field(spec)
+    elif isinstance(spec, dict):
+        spec = _field_of_json(spec, name)
+    elif not isinstance(spec, Field):
+        raise OptionError(f"field {name!r} should be a type name {FIELD_TYPES} or a fastdata.Field, got "
+                          f"{type(spec).__name__}")
+    if spec.type not in FIELD_TYPES:
+        raise OptionError(f"field {name!r} has type {spec.type!r}; use one of {FIELD_TYPES}")
+    return _complete(spec, name)
+
+
+def _complete(spec, name):
+    given = {key for key, value in vars(spec).items() if value is not None and key != "type"}
+    takes = {"image": {"size", "storage", "quality", "resize"}, "tokens": {"dtype"}, "int": {"dtype"},
+             "float": {"dtype"}, "array": {"dtype", "shape"}, "ragged": {"dtype", "shape"}}.get(spec.type, set())
+    if given - takes:
+        raise OptionError(f"field {name!r} of type {spec.type!r} takes no {', '.join(sorted(given - takes))}"
+                          + (f"; it takes {', '.join(sorted(takes))}" if takes else ""))
+    if spec.type == "image":
+        return _image_field(spec, name)
+    dtype = _numeric_dtype(spec, name) if spec.type in _DEFAULT_DTYPES else None
+    shape = None
+    if spec.type in ("array", "ragged"):
+        shape = _shape(spec.shape if spec.shape is not None else (None if spec.type == "array" else ()), name)
+    return Field(spec.type, dtype=dtype, shape=shape)
+
+
+def _image_field(spec, name):
+    if spec.size is None:
+        raise OptionError(f"image field {name!r} needs size=(height, width): every image of a field is stored at "
+                          "one size")
+    size = _shape(spec.size, name, "size")
+    if len(size) != 2 or 0 in size:
+        raise OptionError(f"image field {name!r}: size should be (height, width) of positive integers, got "
+                          f"{spec.size!r}")
+    if spec.resize not in (None, *RESIZE_MODES):
+        raise OptionError(f"image field {name!r}: resize should be one of {RESIZE_MODES}, got {spec.resize!r}")
+    storage = spec.storage or "raw"
+    if storage not in IMAGE_STORAGES:
+        raise OptionError(f"image field {name!r}: storage should be one of {IMAGE_STORAGES}, got {storage!r}")
+    quality = None
+    if storage == "jpeg":
+        quality = 90 if spec.quality is None else spec.quality
+        if not isinstance(quality, int) or isinstance(quality, bool) or not 1 <= quality <= 100:
+            raise OptionError(f"image field {name!r}: quality should be an integer 1..100, got {quality!r}")
+    elif spec.quality is not None:
+        raise OptionError(f"image field {name!r}: quality applies to storage='jpeg' only")
+    return Field("image", size=size, storage=storage, quality=quality, resize=spec.resize or "crop")
+
+
+def _numeric_dtype(spec, name):
+    if spec.type == "int":
+        if spec.dtype not in (None, "int64"):
+            raise OptionError(f"field {name!r} of type 'int' is stored as int64, got dtype {spec.dtype!r}; an array "
+                              "of another integer dtype is Field('array', dtype=..., shape=())")
+        return "int64"
+    try:
+        dtype = np.dtype(spec.dtype or _DEFAULT_DTYPES[spec.type])
+    except TypeError as exc:
+        raise OptionError(f"field {name!r}: dtype {spec.dtype!r} is not a numpy dtype") from exc
+    kinds = {"tokens": "iu", "float": "f"}.get(spec.type, "biuf")
+    if dtype.kind not in kinds or dtype.byteorder == ">":
+        wanted = {"iu": "an integer", "f": "a floating"}.get(kinds, "a numeric")
+        raise OptionError(f"field {name!r} of type {spec.type!r} takes {wanted} dtype, got {dtype}")
+    return dtype.name
+
+
+def _shape(shape, name, option="shape"):
+    if shape is None:
+        raise OptionError(f"array field {name!r} needs shape=(...): every value of it has that shape")
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                       for d in shape):
+        raise OptionError(f"field {name!r}: {option} should be a tuple of non-negative integers, got {shape!r}")
+    return tuple(shape)
+
+
+def _field_of_json(spec, name):
+    keys = set(Field.__dataclass_fields__) | {"name"}
+    if "type" not in spec or set(spec) - keys:
+        raise OptionError(f"field {name!r}: a field object holds type and some of {sorted(keys - {'type'})}, got "
+                          f"{sorted(spec)}")
+    return Field(**{key: tuple(value) if isinstance(value, list) else value for key, value in spec.items()
+                    if key != "name"})
+
+
+def make_schema(schema):
+    """Return ``{name: Field}`` of ``schema`` (``{name: type name | Field}``), every field complete.
+
+    Raises:
+        OptionError: a name that is not an identifier, two fields whose batch keys collide, or a bad field.
+    """
+    if not isinstance(schema, dict) or not schema:
+        raise OptionError(f"schema should be a non-empty dict of field name -> type, got {schema!r}")
+    fields = {}
+    for name, spec in schema.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise OptionError(f"field name {name!r} should be an identifier (letters, digits, _): it names the "
+                              "file's columns and the batch's keys")
+        fields[name] = make_field(spec, name)
+    for name, field in fields.items():
+        if field.ragged and field.type in ("tokens", "ragged") and name + LENGTHS_SUFFIX in fields:
+            raise OptionError(f"fields {name!r} and {name + LENGTHS_SUFFIX!r}: a batch holds the lengths of "
+                              f"{name!r} under {name + LENGTHS_SUFFIX!r}; rename one")
+    return fields
+
+
+def schema_to_json(fields):
+    """Return the metadata's ``fields`` list of ``{name: Field}``."""
+    return [field.to_dict(name) for name, field in fields.items()]
+
+
+def schema_of_metadata(metadata, path):
+    """Return ``{name: Field}`` stored in a record file's ``metadata``.
+
+    Raises:
+        FormatError: the stored fields are not a valid schema, naming ``path``.
+    """
+    stored = metadata.get("fields")
+    if not isinstance(stored, list) or not all(isinstance(item, dict) and isinstance(item.get("name"), str)
+                                               for item in stored):
+        raise FormatError(f"{path!r}: field fields should be a list of field objects with names; the file is "
+                          "damaged: re-write it")
+    try:
+        return make_schema({item["name"]: item for item in stored})
+    except OptionError as exc:
+        raise FormatError(f"{path!r}: its stored schema is not valid ({exc}); the file is damaged: re-write it") \
+            from exc
+
+
+@dataclass(frozen=True, eq=False)
+class FieldColumn:
+    """The stored arrays of one field: ``values`` (fixed: ``[N, *row_shape]``), and ``offsets`` int64 ``[N + 1]``."""
+
+    values: np.ndarray
+    offsets: np.ndarray | None = None
+
+
+def stored_record_columns(columns):
+    """Return ``{column name: array}`` of ``{field name: FieldColumn}``: the names the containers and checksums use."""
+    stored = {}
+    for name, column in columns.items():
+        stored[name] = column.values
+        if column.offsets is not None:
+            stored[name + OFFSETS_SUFFIX] = column.offsets
+    return stored
+
+
+def check_record_columns(columns, fields, num_samples, path):
+    """Check that the columns of every field of ``fields`` are there, of their shapes and dtypes, offsets in bounds.
+
+    Raises:
+        FormatError: a column is missing or of another shape or dtype, naming ``path`` and the field.
+    """
+    for name, field in fields.items():
+        column = columns.get(name)
+        if column is None:
+            raise FormatError(f"{path!r}: the column of field {name!r} is missing; the file is damaged")
+        values = column.values
+        if values.dtype != field.stored_dtype or values.shape[1:] != field.row_shape:
+            raise FormatError(f"{path!r}: field {name!r} is stored as {values.dtype}{list(values.shape)}, its "
+                              f"schema says {field.stored_dtype}[*, {', '.join(map(str, field.row_shape))}]; the "
+                              "file is damaged")
+        if field.ragged:
+            if column.offsets is None or column.offsets.shape != (num_samples + 1,):
+                raise FormatError(f"{path!r}: field {name!r} should have {num_samples + 1} offsets; the file is "
+                                  "damaged")
+            bad = bad_offset_samples(column.offsets, len(values))
+            if len(bad):
+                raise FormatError(f"{path!r} is damaged: the offsets of field {name!r} at {format_samples(bad)} "
+                                  'are out of order or out of bounds. Run "fastdata verify" on it for details, and '
+                                  "write it again.")
+        elif len(values) != num_samples:
+            raise FormatError(f"{path!r}: field {name!r} holds {len(values)} values for {num_samples} records; "
+                              "the file is damaged")
+
+
+def refuse_records(metadata, path):
+    """Raise FormatError where ``metadata`` is a record file's: a reader of (sample, label) files cannot read it."""
+    if metadata.get("kind") == RECORDS_KIND:
+        names = ", ".join(str(item.get("name")) for item in metadata.get("fields", []) if isinstance(item, dict))
+        raise FormatError(f"{path!r} holds records of named fields ({names}), not (sample, label) pairs: open it "
+                          "with fastdata.open_dataset, whose items and batches are dicts")

@@ -1,0 +1,145 @@
+"""make_loader over a record file: dict batches in the same order, resume and rank shares as for (sample, label)."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from support import overwrite
+
+from fastdata import Field, FormatError, OptionError, RecordDataset, make_loader, open_dataset, write
+
+NUM_RECORDS = 53
+
+
+@pytest.fixture(scope="module")
+def record_file(tmp_path_factory):
+    """53 image + caption + boxes records, JPEG-stored images of 3 sizes, in an .arrow file: ``(path, records)``."""
+    rng = np.random.default_rng(11)
+    records = []
+    for index in range(NUM_RECORDS):
+        height, width = [(20, 30), (64, 16), (9, 9)][index % 3]
+        records.append({
+            "id": index,
+            "image": rng.integers(0, 256, (height, width, 3), dtype=np.uint8),
+            "caption": "ünïcode " * (index % 7) + str(index),
+            "tokens": rng.integers(0, 50_000, index % 9).tolist(),
+            "boxes": rng.random((index % 5, 4)).astype(np.float32),
+            "weight": float(index) / 7,
+        })
+    path = tmp_path_factory.mktemp("records") / "pairs.arrow"
+    write(records, path, schema={"id": "int", "image": Field("image", size=(16, 16), storage="jpeg"),
+                                 "caption": "str", "tokens": Field("tokens", dtype="uint16"),
+                                 "boxes": Field("ragged", shape=(4,)), "weight": "float"})
+    return path, records
+
+
+def _ids(batches):
+    return [batch["id"].tolist() for batch in batches]
+
+
+def test_a_shuffled_epoch_yields_every_record_once_as_the_dataset_reads_it(record_file):
+    path, records = record_file
+    dataset = open_dataset(path)
+    loader = make_loader(dataset, 8, shuffle=True, seed=3)
+    first, second = list(loader), list(loader)
+    for batches in (first, second):
+        assert sorted(i for ids in _ids(batches) for i in ids) == list(range(NUM_RECORDS))
+    assert _ids(first) != _ids(second)
+    for batch in first:
+        again = dataset.read_batch(batch["id"].numpy())
+        assert set(batch) == set(again) == {"id", "image", "caption", "tokens", "tokens_lengths", "boxes",
+                                            "boxes_lengths", "weight"}
+        torch.testing.assert_close(batch["image"], again["image"], rtol=0, atol=0)
+        assert batch["caption"] == again["caption"] == [records[i]["caption"] for i in batch["id"].tolist()]
+        for row, index in enumerate(batch["id"].tolist()):
+            length = int(batch["boxes_lengths"][row])
+            np.testing.assert_array_equal(batch["boxes"][row, :length].numpy(), records[index]["boxes"])
+            assert batch["tokens"][row, : int(batch["tokens_lengths"][row])].tolist() == records[index]["tokens"]
+
+
+def test_worker_processes_yield_the_same_batches(record_file):
+    path, _ = record_file
+    here = list(make_loader(open_dataset(path), 8, shuffle=True, seed=5))
+    loader = make_loader(open_dataset(path), 8, shuffle=True, seed=5, num_workers=2)
+    try:
+        there = list(loader)
+    finally:
+        loader.close()
+    assert _ids(there) == _ids(here)
+    for mine, theirs in zip(here, there):
+        assert mine["caption"] == theirs["caption"]
+        for key in ("image", "tokens", "boxes", "weight"):
+            torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=0)
+
+
+def test_a_state_saved_mid_epoch_resumes_with_the_next_batch(record_file):
+    path, _ = record_file
+    whole = _ids(make_loader(open_dataset(path), 6, shuffle=True, seed=1))
+    loader = make_loader(open_dataset(path), 6, shuffle=True, seed=1)
+    iterator = iter(loader)
+    taken = [next(iterator) for _ in range(4)]
+    state = loader.state_dict()
+    del iterator
+    resumed = make_loader(open_dataset(path), 6, shuffle=True, seed=1)
+    resumed.load_state_dict(state)
+    assert len(whole) == 9 and _ids(taken) == whole[:4] and _ids(resumed) == whole[4:]
+
+
+def test_ranks_share_every_global_batch(record_file):
+    path, _ = record_file
+    shares = [_ids(make_loader(open_dataset(path), 5, shuffle=True, seed=2, rank=rank, world_size=3,
+                               remainder="drop")) for rank in range(3)]
+    assert len({len(share) for share in shares}) == 1
+    seen = [i for share in shares for ids in share for i in ids]
+    assert len(seen) == len(set(seen)) == (NUM_RECORDS // 15) * 15
+
+
+def test_fields_picks_what_is_read_and_the_others_are_never_touched(record_file, tmp_path):
+    path, records = record_file
+    copy = tmp_path / "damaged.arrow"
+    copy.write_bytes(path.read_bytes())
+    dataset = open_dataset(copy)
+    jpeg = dataset.read_batch([0])["image"]
+    start = copy.read_bytes().index(b"\xff\xd8\xff")  # the first stored JPEG
+    overwrite(copy, start, b"\x00" * 64)  # its header gone: it cannot decode
+    picked = open_dataset(copy, fields=["id", "caption"])
+    assert repr(picked).startswith("<RecordDataset 'damaged.arrow' arrow: 53 records, id int, caption str>")
+    batch = next(iter(make_loader(picked, 4)))
+    assert set(batch) == {"id", "caption"} and batch["caption"][0] == records[0]["caption"]
+    with pytest.raises(FormatError, match="damaged.arrow.*JPEG of sample 0 does not decode"):
+        open_dataset(copy).read_batch([0])
+    assert jpeg.shape == (1, 3, 16, 16)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"device": "cpu"}, "record dataset's batches are dicts"),
+    ({"helper_process": True}, "dict batches are read in this process, or by num_workers"),
+    ({"pad_to": 8}, "pad_to applies to text datasets"),
+])
+def test_options_for_sample_label_batches_are_refused(record_file, options, message):
+    with pytest.raises(OptionError, match=message):
+        make_loader(open_dataset(record_file[0]), 4, **options)
+
+
+def test_open_dataset_options_that_do_not_apply_are_refused(record_file, packed_files):
+    with pytest.raises(OptionError, match=r"fields=\['nope'\]: .* has fields id, image, caption"):
+        open_dataset(record_file[0], fields=["nope"])
+    with pytest.raises(OptionError, match="transform applies to .sample, label. items"):
+        open_dataset(record_file[0], transform=lambda x: x)
+    with pytest.raises(OptionError, match="fields= picks the fields of a record file"):
+        open_dataset(packed_files("hdf5", "raw"), fields=["image"])
+
+
+def test_a_dataset_pickles_without_its_maps_and_refuses_a_file_changed_under_it(record_file, tmp_path):
+    path, _ = record_file
+    copy = tmp_path / "copy.arrow"
+    copy.write_bytes(path.read_bytes())
+    dataset = RecordDataset(copy)
+    dataset.read_batch([1, 2])
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone._columns is None and clone.fingerprint == dataset.fingerprint == RecordDataset(path).fingerprint
+    assert clone[5]["id"] == 5
+    copy.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(FormatError, match="copy.arrow' changed since it was opened"):
+        dataset.read_batch([0])
