@@ -10,57 +10,78 @@ only once complete (staging.py).
 
 import itertools
 import os
+import pickle
 import time
 import warnings
 
 import numpy as np
 
 from fastdata.converters.fieldvalues import Mismatch, encode, infer_field
+from fastdata.converters.parallel import run_tasks
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice
-from fastdata.converters.staging import staged_output
+from fastdata.converters.staging import check_output, staged_output
 from fastdata.errors import OptionError, SampleError
-from fastdata.formats import write_records
+from fastdata.formats import format_of, write_records
 from fastdata.formats.records import RECORDS_KIND, FieldColumn, make_schema, schema_to_json
 
 _INFERRED_FROM = 64  # records looked at for the type of a field whose first values are None or empty
+_TASK_RECORDS = 256  # inputs per task on workers: see NOTE [records on workers]
 
 
-def write(records, out, schema=None, *, on_error="raise", overwrite=False):
+def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
+          progress=False):
     """Write ``records`` (an iterable of dicts) to the packed file ``out`` (.h5, .hdf5 or .arrow).
 
     Args:
-        records: dicts of field name -> value, one per record, every one with the same fields.
+        records: dicts of field name -> value, one per record, every one with the same fields; with
+            ``fn``, the inputs ``fn`` makes them from.
         out: the file to write; its extension picks the container.
         schema: ``{name: type}``, a type being one of "int", "float", "str", "bytes", "json",
             "tokens" or a ``fastdata.Field`` (images, arrays, ragged rows, dtypes); default: from the
             first records (see fieldvalues.infer_field).
+        fn: a function of one input returning its record, run where the records are encoded (a
+            top-level function, to run on workers); an input it raises on is a record that does not fit.
+        workers: processes that run ``fn`` and encode the records (decode, resize, compress images).
+            The file is the same, byte for byte, for any number of workers or executor.
+        executor: a ``dask.distributed.Client`` or ``concurrent.futures`` executor to encode on
+            instead of local workers.
         on_error: a record that does not fit the schema: "raise" (SampleError naming the record and
             field), "warn" or "skip" (left out, listed in the report and the file's metadata).
         overwrite: replace an existing ``out``.
+        progress: show a progress bar.
 
     Returns:
         ConversionReport: the records written and every record left out, with why.
 
     Raises:
-        OptionError: a bad schema, or the first record's types cannot be told (pass a schema).
+        OptionError: a bad schema, or the first records' types cannot be told (pass a schema).
         SampleError: with ``on_error="raise"``, the first record that does not fit.
 
     Example:
         >>> fastdata.write(({"image": path, "caption": text, "label": y} for path, text, y in rows), "pairs.h5",
         ...                schema={"image": Field("image", size=(64, 64), storage="jpeg"), "caption": "str",
         ...                        "label": "int"})
+        >>> fastdata.write(paths, "photos.arrow", fn=load_record, workers=8)  # load_record(path) -> dict
     """
     check_choice("on_error", on_error, ON_ERROR)
+    format_of(out)  # a bad extension or an existing output fails before any work
+    check_output(os.path.abspath(os.fspath(out)), overwrite)
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise OptionError(f"workers should be a positive integer, got workers={workers!r}")
+    if workers > 1 or executor is not None:
+        _check_picklable(fn)
     started = time.perf_counter()
-    fields, records = _schema(schema, iter(records))
-    columns = _Columns(fields)
-    skipped = []
-    for index, record in enumerate(records):
-        try:
-            columns.add(_encoded(record, fields))
-        except Mismatch as exc:
-            _bad_record(index, str(exc), on_error)
-            skipped.append((f"record {index}", str(exc)))
+    inputs = iter(records)
+    head = list(itertools.islice(inputs, _INFERRED_FROM))  # made here: they tell the schema
+    made = [_made(fn, item) for item in head]
+    fields = make_schema(schema) if schema is not None else _told_schema(made)
+    columns, skipped = _Columns(fields), []
+    for index, encoded in enumerate(_all_encoded(fields, fn, made, inputs, workers, executor, progress)):
+        if isinstance(encoded, Mismatch):
+            _bad_record(index, str(encoded), on_error)
+            skipped.append((f"record {index}", str(encoded)))
+        else:
+            columns.add(encoded)
     metadata = {"kind": RECORDS_KIND, "num_samples": columns.num_samples, "fields": schema_to_json(fields),
                 "skipped": [{"path": name, "reason": reason} for name, reason in skipped]}
     with staged_output(out, overwrite) as (_, staged_path):
@@ -68,20 +89,74 @@ def write(records, out, schema=None, *, on_error="raise", overwrite=False):
     return ConversionReport(os.fspath(out), columns.num_samples, skipped, time.perf_counter() - started, "record")
 
 
-def _schema(schema, records):
-    """Return ``({name: Field}, records)``: the schema given, or one told from the first records, and all records."""
-    if schema is not None:
-        return make_schema(schema), records
-    head = list(itertools.islice(records, _INFERRED_FROM))
+def _made(fn, item):
+    """Return ``fn(item)`` (``item`` itself without ``fn``); a Mismatch where ``fn`` raises."""
+    if fn is None:
+        return item
+    try:
+        return fn(item)
+    except Exception as exc:  # an input fn cannot use is a record that does not fit: on_error decides
+        return Mismatch(f"fn raised {type(exc).__name__}: {exc}")
+
+
+def _told_schema(head):
+    """Return the schema the first records ``head`` tell (a field's first value that is not None or empty)."""
+    records = [record for record in head if isinstance(record, dict)]
     if not head:
         raise OptionError("records is empty and no schema was given: pass schema= to write an empty file")
-    if not isinstance(head[0], dict):
-        raise OptionError(f"records should be dicts of field name -> value; record 0 is a {type(head[0]).__name__}")
+    if not records or not isinstance(head[0], dict):
+        first = head[0]
+        raise OptionError(f"records should be dicts of field name -> value; record 0 is "
+                          f"{first if isinstance(first, Mismatch) else type(first).__name__}")
     fields = {}
-    for name, value in head[0].items():  # a field's first value that tells its type: not None, not empty
-        told = next((record[name] for record in head if isinstance(record, dict) and _tells(record.get(name))), value)
+    for name, value in records[0].items():
+        told = next((record[name] for record in records if _tells(record.get(name))), value)
         fields[name] = infer_field(told, name)
-    return make_schema(fields), itertools.chain(head, records)
+    return make_schema(fields)
+
+
+def _all_encoded(fields, fn, made, inputs, workers, executor, progress):
+    """Yield each record's encoded values (or its Mismatch), in input order: the first ones here, the rest on workers.
+
+    NOTE [records on workers]: a record's encoding (decoding, resizing and
+    compressing its images) depends on the record alone, so tasks of
+    _TASK_RECORDS inputs run anywhere, in any order, and their results are
+    put back in input order: the file is the same for any ``workers`` or
+    executor.
+    """
+    yield from (_encoded_or_mismatch(record, fields) for record in made)
+    if workers == 1 and executor is None:
+        yield from (_encoded_or_mismatch(_made(fn, item), fields) for item in inputs)
+        return
+    rest = list(inputs)
+    tasks = [(fn, fields, rest[start : start + _TASK_RECORDS]) for start in range(0, len(rest), _TASK_RECORDS)]
+    results = run_tasks(_encode_task, [(number, task) for number, task in enumerate(tasks)],
+                        [len(task[2]) for task in tasks], executor=executor, workers=workers, progress=progress,
+                        unit="record")
+    for _, encoded in sorted(results, key=lambda result: result[0]):
+        yield from encoded
+
+
+def _encode_task(numbered):
+    number, (fn, fields, items) = numbered
+    return number, [_encoded_or_mismatch(_made(fn, item), fields) for item in items]
+
+
+def _encoded_or_mismatch(record, fields):
+    if isinstance(record, Mismatch):
+        return record
+    try:
+        return _encoded(record, fields)
+    except Mismatch as exc:
+        return exc
+
+
+def _check_picklable(fn):
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:
+        raise OptionError(f"fn should be a top-level function to run on workers ({type(exc).__name__}: {exc}); "
+                          "define it at a module's top level, or pass workers=1") from exc
 
 
 def _bad_record(index, reason, on_error):

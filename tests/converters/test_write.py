@@ -229,3 +229,44 @@ def test_a_png_image_field_is_lossless(tmp_path):
     out = tmp_path / "png.h5"
     write([{"image": buffer.getvalue()}], out, schema={"image": Field("image", size=(10, 14), storage="png")})
     np.testing.assert_array_equal(open_dataset(out)[0]["image"].numpy(), pixels.transpose(2, 0, 1))
+
+
+def _record_of(path):
+    """A record made from an input on a worker (fn=): a top-level function, so a pool can run it."""
+    if "image3" in str(path):
+        raise ValueError("this input is unusable")
+    return {"image": str(path), "name": path.name, "size": path.stat().st_size}
+
+
+_PAIRS = {"image": Field("image", size=(24, 20), storage="jpeg"), "name": "str", "size": "int"}
+
+
+@pytest.mark.parametrize("ext", ["h5", "arrow"])
+def test_the_file_is_the_same_bytes_for_any_number_of_workers_and_on_dask(tmp_path, image_files, ext, monkeypatch):
+    inputs = image_files * 70  # 560 records: three tasks of records on workers
+    monkeypatch.setattr("fastdata.converters.records._INFERRED_FROM", 8)
+    reports = {}
+    for workers in (1, 2):
+        reports[workers] = write(inputs, tmp_path / f"{workers}.{ext}", _PAIRS, fn=_record_of, workers=workers,
+                                 on_error="skip")
+    distributed = pytest.importorskip("distributed")
+    records = [{"image": str(path), "name": path.name, "size": path.stat().st_size} for path in inputs]
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as client:
+            write(records, tmp_path / f"dask.{ext}", _PAIRS, executor=client)
+            write(records, tmp_path / f"here.{ext}", _PAIRS)
+    assert (tmp_path / f"1.{ext}").read_bytes() == (tmp_path / f"2.{ext}").read_bytes()
+    assert (tmp_path / f"dask.{ext}").read_bytes() == (tmp_path / f"here.{ext}").read_bytes()
+    assert reports[1].num_samples == reports[2].num_samples == 560 - 70
+    assert reports[2].skipped[:2] == [("record 3", "fn raised ValueError: this input is unusable"),
+                                      ("record 11", "fn raised ValueError: this input is unusable")]
+    dataset = open_dataset(tmp_path / f"2.{ext}")
+    assert dataset.read_batch([0, 3, 489])["name"] == ["image0.jpeg", "image4.jpeg", "image7.png"]
+
+
+def test_a_function_workers_cannot_run_is_refused_before_any_work(tmp_path, image_files):
+    with pytest.raises(OptionError, match="fn should be a top-level function to run on workers"):
+        write(image_files * 40, tmp_path / "x.h5", _PAIRS, fn=lambda path: _record_of(path), workers=2)
+    with pytest.raises(OptionError, match="workers should be a positive integer"):
+        write(image_files, tmp_path / "x.h5", _PAIRS, workers=0)
+    assert not (tmp_path / "x.h5").exists()
