@@ -20,6 +20,7 @@ from fastdata.converters.report import ON_ERROR
 from fastdata.converters.staging import check_output
 from fastdata.converters.textsources import SOURCE_FORMATS
 from fastdata.errors import FastdataError, NotFoundError, OptionError
+from fastdata.formats.records import IMAGE_STORAGES
 from fastdata.formats.shards import CONTAINER_EXTENSIONS
 
 CONTAINERS = tuple(CONTAINER_EXTENSIONS)
@@ -205,6 +206,88 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
         click.echo("note: --resume: a text conversion starts again from the first text (its vocabulary needs "
                    "every text); an interrupted one left nothing behind", err=True)
     click.echo(str(report))
+
+
+def _image_field_options(command):
+    """Add the options of a record source's image fields: --size, --storage, --quality, --resize."""
+    options = [
+        click.option("--size", default="64", show_default=True, help="Stored image size: N (square) or HxW."),
+        click.option("--storage", type=click.Choice(IMAGE_STORAGES), default="raw", show_default=True,
+                     help="Images stored decoded (raw, the fastest to load), or as JPEG or PNG."),
+        click.option("--quality", type=click.IntRange(1, 100), default=None, help="JPEG quality [default: 90]."),
+        click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
+                     help="How images reach --size [default: crop; pad for coco]."),
+    ]
+    return functools.reduce(lambda command, option: option(command), reversed(options), command)
+
+
+def _write_records(convert, *args, size, workers, quiet, **options):
+    """Run a record source's ``convert`` with the CLI's options and print its report."""
+    report = convert(*args, size=_parse_size(size), workers=workers or 1, progress=not quiet, **options)
+    click.echo(str(report))
+
+
+@convert.command("table")
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--image", "images", multiple=True, metavar="COLUMN",
+              help="A column of image paths (relative to SRC's folder) or bytes; repeatable.")
+@_image_field_options
+@_conversion_options("Encoding", "rows that do not fit their column's type")
+@_reports_errors
+def convert_table_command(src, out, images, **options):
+    """Pack the CSV/TSV/JSONL/Parquet manifest SRC into the record file OUT (.h5, .hdf5 or .arrow).
+
+    Every column becomes a field of its type (Parquet's own; CSV text as int or
+    float where every value reads back as written); --image columns are images.
+    """
+    from fastdata.converters.recordsources import convert_table
+
+    _write_records(convert_table, src, out, image=images, **options)
+
+
+@convert.command("hf")
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--image", "images", multiple=True, metavar="COLUMN",
+              help="A column of image paths or bytes besides the Image features; repeatable.")
+@_image_field_options
+@_conversion_options("Encoding", "rows that do not fit their feature's type")
+@_reports_errors
+def convert_hf_command(src, out, images, **options):
+    """Pack the Hugging Face dataset folder SRC (written by save_to_disk) into the record file OUT."""
+    from fastdata.converters.recordsources import convert_hf
+
+    _write_records(convert_hf, src, out, image=images, **options)
+
+
+@convert.command("webdataset")
+@click.argument("srcs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path())
+@_image_field_options
+@_conversion_options("Encoding", "samples that do not fit the first sample's fields")
+@_reports_errors
+def convert_webdataset_command(srcs, out, **options):
+    """Pack the WebDataset .tar shards SRCS into the record file OUT: a field per member extension."""
+    from fastdata.converters.recordsources import convert_webdataset
+
+    _write_records(convert_webdataset, list(srcs), out, **options)
+
+
+@convert.command("coco")
+@click.argument("annotations", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path())
+@click.option("--images", "images_root", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The folder of the images [default: the annotations' folder].")
+@_image_field_options
+@_conversion_options("Encoding", "images that cannot be used")
+@_reports_errors
+def convert_coco_command(annotations, out, images_root, resize, **options):
+    """Pack a COCO-style detection set (ANNOTATIONS json + images) into the record file OUT, boxes moved with
+    their images."""
+    from fastdata.converters.coco import convert_coco
+
+    _write_records(convert_coco, annotations, out, images=images_root, resize=resize or "pad", **options)
 
 
 @main.command()

@@ -15,6 +15,7 @@ was handed.
 """
 
 import csv
+import io
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from support import free_port, run_cli, train_hf_tokenizer
 
 from fastdata import HDF5Dataset, convert_imagefolder, make_loader, open_dataset
@@ -66,6 +68,7 @@ RUN = {
     (TEXT, "bash", 0): "test_every_text_source_converts_and_loads_in_buckets",
     (TEXT, "python", 0): "test_every_text_source_converts_and_loads_in_buckets",
     (RECORDS, "python", 0): "test_records_of_named_fields_write_and_load_as_dict_batches",
+    (RECORDS, "bash", 0): "test_every_record_source_converts_from_the_command_line",
     (MEASURING, "bash", 0): "test_bench_and_tune_measure_a_folder_and_a_file",
     (MEASURING, "python", 0): "test_profile_reports_one_line_shaped_as_the_readme_shows",
 }
@@ -543,6 +546,47 @@ def test_records_of_named_fields_write_and_load_as_dict_batches(photos, tmp_path
         assert order[row] == label and int(batch["boxes_lengths"][row]) == len(boxes)
         np.testing.assert_array_equal(batch["boxes"][row, : len(boxes)].numpy(), boxes)
     assert len(names["captions"]) == len(paths) and list(names["captions"][0]) == ["caption"]
+
+
+def _as_jpeg(path):
+    """The image at ``path`` encoded as JPEG: a WebDataset's samples share their members' extensions."""
+    buffer = io.BytesIO()
+    with Image.open(path) as image:
+        image.convert("RGB").save(buffer, format="JPEG")
+    return buffer.getvalue()
+
+
+def test_every_record_source_converts_from_the_command_line(photos, tmp_path):
+    datasets, webdataset = pytest.importorskip("datasets"), pytest.importorskip("webdataset")
+    paths = sorted(path for path in Path(photos).rglob("*") if path.is_file())
+    with open(tmp_path / "manifest.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label"])
+        writer.writerows([os.path.relpath(path, tmp_path), number % 3] for number, path in enumerate(paths))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c"])})
+    datasets.Dataset.from_dict({"image": [str(path) for path in paths], "label": [n % 3 for n in range(len(paths))]},
+                               features=features).save_to_disk(str(tmp_path / "hf-dataset"))
+    for shard in range(2):
+        with webdataset.TarWriter(str(tmp_path / f"shard-{shard}.tar")) as sink:
+            for number, path in list(enumerate(paths))[shard::2]:
+                sink.write({"__key__": f"s{number:03d}", "jpg": _as_jpeg(path), "cls": number})
+    (tmp_path / "images").symlink_to(photos)
+    relative = [os.path.relpath(path, photos) for path in paths]
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": n, "file_name": name} for n, name in enumerate(relative)],
+        "annotations": [{"id": 0, "image_id": 0, "category_id": 1, "bbox": [1, 2, 10, 5]}],
+        "categories": [{"id": 1, "name": "thing"}]}))
+    out = run_bash(commands(RECORDS), tmp_path, timeout=300)
+    for name in ("pairs.h5", "hf.arrow", "wds.h5", "coco.h5"):
+        assert f"wrote '{name}': {len(paths)} samples" in out
+    labels = [n % 3 for n in range(len(paths))]
+    assert open_dataset(tmp_path / "pairs.h5").read_batch(np.arange(len(paths)))["label"].tolist() == labels
+    hf = open_dataset(tmp_path / "hf.arrow")
+    assert hf.schema["label"].names == ("a", "b", "c") and hf.read_batch([0])["image"].shape == (1, 3, 64, 64)
+    assert sorted(open_dataset(tmp_path / "wds.h5").read_batch(np.arange(len(paths)))["cls"].tolist()) == \
+        list(range(len(paths)))
+    coco = open_dataset(tmp_path / "coco.h5")
+    assert coco[0]["image"].shape == (3, 128, 128) and coco[0]["boxes"].shape == (1, 4) and len(coco[1]["boxes"]) == 0
 
 
 # ---------------------------------------------------------------- measuring

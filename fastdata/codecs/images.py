@@ -182,11 +182,17 @@ def resize(img, spec):
         return img.resize(size, resample)
     if spec.resize == "crop":
         return img.resize(size, resample, box=_crop_box(w, h, spec.width, spec.height))
-    scale = min(spec.width / w, spec.height / h)
-    inner = (max(1, round(w * scale)), max(1, round(h * scale)))
+    left, top, inner_w, inner_h = pad_placement(w, h, spec)
     canvas = Image.new("RGB", size, spec.background)
-    canvas.paste(img.resize(inner, resample), ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2))
+    canvas.paste(img.resize((inner_w, inner_h), resample), (left, top))
     return canvas
+
+
+def pad_placement(w, h, spec):
+    """Return ``(left, top, width, height)``: where ``resize="pad"`` puts a ``w`` x ``h`` image in ``spec``'s size."""
+    scale = min(spec.width / w, spec.height / h)
+    inner_w, inner_h = max(1, round(w * scale)), max(1, round(h * scale))
+    return (spec.width - inner_w) // 2, (spec.height - inner_h) // 2, inner_w, inner_h
 
 
 def _crop_box(w, h, width, height):

@@ -36,6 +36,8 @@ def _int(field, value):
     number = operator.index(value)
     if not -(1 << 63) <= number < 1 << 63:
         raise Mismatch(f"{number} does not fit int64")
+    if field.names is not None and not -1 <= number < len(field.names):
+        raise Mismatch(f"{number} names none of its {len(field.names)} classes (-1: no label)")
     return np.int64(number)
 
 

@@ -29,7 +29,7 @@ _TASK_RECORDS = 256  # inputs per task on workers: see NOTE [records on workers]
 
 
 def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
-          progress=False):
+          progress=False, source=None):
     """Write ``records`` (an iterable of dicts) to the packed file ``out`` (.h5, .hdf5 or .arrow).
 
     Args:
@@ -49,6 +49,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
             field), "warn" or "skip" (left out, listed in the report and the file's metadata).
         overwrite: replace an existing ``out``.
         progress: show a progress bar.
+        source: a JSON object describing where the records came from, kept in the file's metadata.
 
     Returns:
         ConversionReport: the records written and every record left out, with why.
@@ -83,7 +84,8 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         else:
             columns.add(encoded)
     metadata = {"kind": RECORDS_KIND, "num_samples": columns.num_samples, "fields": schema_to_json(fields),
-                "skipped": [{"path": name, "reason": reason} for name, reason in skipped]}
+                "skipped": [{"path": name, "reason": reason} for name, reason in skipped],
+                **({"source": source} if source is not None else {})}
     with staged_output(out, overwrite) as (_, staged_path):
         write_records(staged_path, columns.finish(), metadata, fields)
     return ConversionReport(os.fspath(out), columns.num_samples, skipped, time.perf_counter() - started, "record")

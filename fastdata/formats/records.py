@@ -58,6 +58,7 @@ class Field:
             "jpeg" or "png" (encoded, decoded per batch).
         quality: ``image`` with ``storage="jpeg"``: the JPEG quality.
         resize: ``image``: "crop", "pad" or "stretch" (see codecs.images.ImageSpec).
+        names: ``int``: the class names its values index (a ClassLabel's), kept in the file.
 
     Example:
         >>> schema = {"image": Field("image", size=(64, 64), storage="jpeg"), "caption": "str", "label": "int"}
@@ -70,6 +71,7 @@ class Field:
     storage: str | None = None
     quality: int | None = None
     resize: str | None = None
+    names: tuple | None = None
 
     def to_dict(self, name):
         """Return the field's JSON object, as the file's metadata stores it."""
@@ -116,7 +118,7 @@ def make_field(spec, name):
 
 def _complete(spec, name):
     given = {key for key, value in vars(spec).items() if value is not None and key != "type"}
-    takes = {"image": {"size", "storage", "quality", "resize"}, "tokens": {"dtype"}, "int": {"dtype"},
+    takes = {"image": {"size", "storage", "quality", "resize"}, "tokens": {"dtype"}, "int": {"dtype", "names"},
              "float": {"dtype"}, "array": {"dtype", "shape"}, "ragged": {"dtype", "shape"}}.get(spec.type, set())
     if given - takes:
         raise OptionError(f"field {name!r} of type {spec.type!r} takes no {', '.join(sorted(given - takes))}"
@@ -127,7 +129,12 @@ def _complete(spec, name):
     shape = None
     if spec.type in ("array", "ragged"):
         shape = _shape(spec.shape if spec.shape is not None else (None if spec.type == "array" else ()), name)
-    return Field(spec.type, dtype=dtype, shape=shape)
+    names = None
+    if spec.names is not None:
+        names = tuple(spec.names) if isinstance(spec.names, (list, tuple)) else None
+        if names is None or not all(isinstance(item, str) for item in names):
+            raise OptionError(f"field {name!r}: names should be a list of class names (str), got {spec.names!r}")
+    return Field(spec.type, dtype=dtype, shape=shape, names=names)
 
 
 def _image_field(spec, name):
