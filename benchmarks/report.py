@@ -91,7 +91,7 @@ def collect_targets(sections):
             targets.append(finish({**target, "name": f"images {size}px: {target['name']}", "info": info}, "images"))
     targets += [finish(t, "images+peers") for t in peer_targets(sections)]
     for name in ("gpustep", "text", "memory", "shards", "scale", "augment", "fusedcrop", "training", "streaming",
-                 "busystep", "gpu"):
+                 "busystep", "gpu", "records"):
         targets += [finish(t, name) for t in sections.get(name, {}).get("targets", [])]
     return targets
 
@@ -271,7 +271,8 @@ def coldcache_text(section, config):
 _RENDERERS = (("images", images_text), ("gpustep", gpustep_text), ("text", text_text), ("peers", peers_text),
               ("sweeps", sweeps_text), ("memory", memory_text), ("coldcache", coldcache_text),
               *[(name, lambda section, config: section["text"])  # these sections write their own
-                for name in ("shards", "scale", "augment", "fusedcrop", "training", "streaming", "busystep")])
+                for name in ("shards", "scale", "augment", "fusedcrop", "training", "streaming", "busystep",
+                             "records")])
 
 
 # ---------------------------------------------------------------- files

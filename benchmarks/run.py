@@ -42,6 +42,10 @@ NOTE [zygote] in fresh.py):
 * busystep: a training step that holds the GIL (2, 5, 20 ms) or sleeps,
   alone and beside each loader (fastdata's modes, torch DataLoader, SPDL,
   torchdata.nodes): the step rate kept, data wait, CPU per 1,000 images.
+* records: dict batches of image + caption pairs (64 px raw, 64 and 224 px
+  jpeg) and a detection-like set (0-50 boxes) written by fastdata.write,
+  against the same records through Hugging Face datasets and WebDataset;
+  their conversion against datasets.map(num_proc=2) and a plain Pool.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -61,7 +65,7 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
-            "fusedcrop", "training", "streaming", "gpu", "busystep")
+            "fusedcrop", "training", "streaming", "gpu", "busystep", "records")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
         "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
         "shard_compare": 10_000, "stream_images": 6000}

@@ -168,9 +168,9 @@ def _image_decoders(schema, fields, path):
 
 def _padded(column, indices, field):
     """Return ``(values [B, T, *shape] zero-padded, lengths int64 [B])``; see NOTE [token padding] in decoders.py."""
-    offsets, values = column.offsets, np.asarray(column.values)
-    starts = offsets[indices].astype(np.int64)
-    lengths = offsets[indices + 1].astype(np.int64) - starts
+    offsets, values = np.asarray(column.offsets), np.asarray(column.values)  # plain views: see NOTE [token padding]
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
     dtype = np.int64 if field.type == "tokens" or values.dtype.name in _WIDENED else values.dtype
     out = np.zeros((len(indices), int(lengths.max(initial=0)), *field.row_shape), dtype)
     for row, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
@@ -179,12 +179,13 @@ def _padded(column, indices, field):
 
 
 def _byte_values(column, indices, kind, name, path):
-    offsets, values = column.offsets, column.values
-    items = [bytes(values[start:stop]) for start, stop in zip(offsets[indices].tolist(), offsets[indices + 1].tolist())]
+    """Return the values at ``indices`` of a str, bytes or json field as a list (one slice of a memoryview each)."""
+    offsets, data = np.asarray(column.offsets), memoryview(np.asarray(column.values))
+    bounds = zip(offsets[indices].tolist(), offsets[indices + 1].tolist())
     if kind == "bytes":
-        return items
+        return [data[start:stop].tobytes() for start, stop in bounds]
     try:
-        texts = [item.decode("utf-8") for item in items]
+        texts = [str(data[start:stop], "utf-8") for start, stop in bounds]
         return texts if kind == "str" else [json.loads(text) for text in texts]
     except ValueError as exc:
         what = "JSON" if kind == "json" else "text"
