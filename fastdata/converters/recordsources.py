@@ -25,7 +25,7 @@ TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "js
 _IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm", "pgm")
 _INT_EXTENSIONS = ("cls", "cls2", "index", "id")
 _TEXT_EXTENSIONS = ("txt", "text", "caption")
-_HF_INFO = "dataset_info.json"
+HF_INFO = "dataset_info.json"
 
 
 class ImageOptions:
@@ -227,13 +227,13 @@ def read_hf_dataset(root, images=(), image_options=None):
         raise SourceError(f"{root!r} holds the splits {', '.join(map(repr, splits))} (a DatasetDict): convert one "
                           f"split's folder, e.g. {os.path.join(root, splits[0] if splits else 'train')!r}")
     try:
-        with open(os.path.join(root, _HF_INFO)) as f:
+        with open(os.path.join(root, HF_INFO)) as f:
             features = json.load(f)["features"]
         with open(os.path.join(root, "state.json")) as f:
             files = [os.path.join(root, item["filename"]) for item in json.load(f)["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SourceError(f"{root!r} is not a dataset folder saved by datasets' save_to_disk (no readable "
-                          f"{_HF_INFO} and state.json: {exc})") from exc
+                          f"{HF_INFO} and state.json: {exc})") from exc
     streams = [_open_stream(path) for path in files]
     arrow_schema = streams[0].schema if streams else pa.schema([])
     _check_columns(root, arrow_schema.names, images)

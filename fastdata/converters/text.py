@@ -337,6 +337,8 @@ def _source_files(src, inputs):
     """Return the digest of the input files (source_digest), which a resume compares."""
     if inputs.format == "folder":
         return source_digest(src, inputs.names)
+    if inputs.format == "hf":  # its Arrow files and the JSON that types them
+        return source_digest(src, sorted(name for name in os.listdir(src) if name.endswith((".arrow", ".json"))))
     return source_digest(os.path.dirname(os.path.abspath(src)), [os.path.basename(src)])
 
 

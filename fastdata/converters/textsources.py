@@ -1,5 +1,5 @@
 """Reading text sources for convert_text: folders of .txt files, CSV/TSV, JSON Lines (or a .json array), Parquet,
-plain lines.
+Hugging Face dataset folders (save_to_disk), plain lines.
 
 Each reader returns an ``_Inputs``: one entry per input sample, with its name
 for messages, its text (or the path to read it from), its raw label, and the
@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fastdata.converters.recordsources import HF_INFO, read_hf_dataset
 from fastdata.converters.tables import read_rows
 from fastdata.errors import NotFoundError, OptionError, SourceError
+from fastdata.formats.records import Field
 
-SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "parquet", "lines")
+SOURCE_FORMATS = ("folder", "csv", "tsv", "jsonl", "parquet", "hf", "lines")
 UNLABELED_FOLDER = "unsup"
 _EXTENSION_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
                       ".json": "jsonl", ".parquet": "parquet"}
@@ -74,10 +76,13 @@ def source_format_of(src, source_format):
     if source_format is not None:
         if source_format not in SOURCE_FORMATS:
             raise OptionError(f"source_format should be one of {SOURCE_FORMATS}, got source_format={source_format!r}")
-    detected = "folder" if os.path.isdir(src) else _EXTENSION_FORMATS.get(os.path.splitext(src)[1].lower(), "lines")
+    if os.path.isdir(src):
+        detected = "hf" if os.path.exists(os.path.join(src, HF_INFO)) else "folder"
+    else:
+        detected = _EXTENSION_FORMATS.get(os.path.splitext(src)[1].lower(), "lines")
     if source_format is None:
         return detected
-    if (source_format == "folder") != (detected == "folder"):
+    if (source_format in ("folder", "hf")) != (detected in ("folder", "hf")):
         raise OptionError(f"source_format={source_format!r} does not fit {src!r}, which is a "
                          f"{'folder' if detected == 'folder' else 'file'}")
     return source_format
@@ -89,6 +94,8 @@ def read_source(src, source_format, text_field, label_field, include_unsup):
         return _read_folder(src, include_unsup)
     if source_format == "parquet":
         return _read_parquet(src, text_field, label_field)
+    if source_format == "hf":
+        return _read_hf(src, text_field, label_field)
     _check_encoding(src)
     if source_format == "lines":
         return _read_lines(src)
@@ -248,6 +255,26 @@ def _read_parquet(path, text_field, label_field):
     return _non_empty(inputs, path)
 
 
+def _read_hf(root, text_field, label_field):
+    """Read the text and label columns of a datasets save_to_disk folder, rows named ``folder[index]``.
+
+    A ClassLabel label keeps its class indices and names (-1: no label); other labels are resolved as a
+    table's are (see NOTE [integer labels]).
+    """
+    schema, rows, _ = read_hf_dataset(root)
+    columns = [name for name in (text_field, label_field) if name is not None]
+    missing = [name for name in columns if name not in schema]
+    if missing:
+        raise SourceError(f"{root!r} has no column {' or '.join(map(repr, missing))}; its columns are "
+                          f"{list(schema)}: pass --text-field / --label-field (text_field, label_field)")
+    inputs, name = _Inputs("hf"), os.path.basename(os.path.normpath(root))
+    label = schema.get(label_field)
+    inputs.classes = list(label.names) if isinstance(label, Field) and label.names else None
+    for row, record in enumerate(rows):
+        inputs.add(f"{name}[{row}]", *_fields({key: record[key] for key in columns}, text_field, label_field, None))
+    return _non_empty(inputs, root)
+
+
 def _is_json_array(path):
     with open(path, "rb") as f:
         start = f.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()
@@ -352,7 +379,7 @@ def resolve_labels(inputs, kept, src, skipped):
         labels = np.asarray(raw, dtype=np.int64)
         counts = np.bincount(labels[labels >= 0], minlength=len(inputs.classes))
         empty = [name for name, count in zip(inputs.classes, counts) if count == 0]
-        if empty:
+        if empty and inputs.format == "folder":  # a ClassLabel's class may be absent from a split
             raise SourceError(f"label folder(s) {empty} in {src!r} have no usable text ({len(skipped)} "
                               f"inputs skipped, first: {skipped[0][0]}: {skipped[0][1]}); fix or remove them")
         return labels, list(inputs.classes)

@@ -476,3 +476,24 @@ def test_lines_round_trip(tmp_path, lines):
     path.write_bytes("\n".join(lines).encode() + b"\n")
     inputs = read_source(str(path), "lines", "text", "label", False)
     assert inputs.reasons == {} and inputs.payloads == lines
+
+
+def test_a_hugging_face_dataset_folder_converts_with_its_class_label(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = plain_rows(30)
+    names = ["bad", "good", "never used"]
+    labels = [i % 2 for i in range(30)]
+    labels[4] = -1  # no label
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=names),
+                                  "id": datasets.Value("int64")})
+    dataset = datasets.Dataset.from_dict({"text": [text for text, _ in rows], "label": labels, "id": list(range(30))},
+                                         features=features)
+    dataset.save_to_disk(str(tmp_path / "hf"))
+    report = convert(tmp_path / "hf", tmp_path / "hf.h5", tokenizer="bytes")
+    assert report.num_samples == 30 and report.skipped == []
+    tokens, stored_labels, metadata = stored_sequences(report.path)
+    assert [bytes(t.tolist()).decode() for t in tokens] == [text for text, _ in rows]
+    assert stored_labels.tolist() == labels and metadata["classes"] == names  # the ClassLabel's indices and names
+    assert metadata["source"]["format"] == "hf"
+    with pytest.raises(SourceError, match=r"has no column 'review'; its columns are \['text', 'label', 'id'\]"):
+        convert(tmp_path / "hf", tmp_path / "x.h5", text_field="review")
