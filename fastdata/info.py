@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from fastdata.formats import format_of, read_metadata, read_packed, read_records
-from fastdata.formats.records import RECORDS_KIND
+from fastdata.formats.records import RECORDS_KIND, schema_of_metadata
 from fastdata.formats.schema import check_dataset_fields
 from fastdata.formats.shards import read_index
 
@@ -23,6 +23,8 @@ def describe(path, all_skipped=False):
     """
     if os.path.isdir(path):
         header, metadata = _folder_lines(path)
+        if metadata.get("kind") == RECORDS_KIND:
+            return "\n".join(header + _records_lines(schema_of_metadata(metadata, path), metadata, all_skipped))
     elif read_metadata(path)["kind"] == RECORDS_KIND:
         _, fields, metadata = read_records(path)  # checked: a damaged file is named here
         check_dataset_fields(metadata, os.fspath(path))

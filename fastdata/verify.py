@@ -302,15 +302,19 @@ def _verify_shard(report, index, shard, quick):
     report.notes += [f"{name!r}: {note}" for note in shard_report.notes]
     if shard_report.format_version is None:  # its structure is damaged: nothing more to read
         return shard_report, None
-    columns, metadata = read_packed(path, check=False)
-    differ = shard_differences(metadata, index.metadata)
+    if index.metadata.get("kind") == RECORDS_KIND:  # a record shard: no labels, its fields as the index's
+        metadata, labels = read_metadata(path), None
+        differ = [key for key in ("kind", "fields") if metadata.get(key) != index.metadata.get(key)]
+    else:
+        columns, metadata = read_packed(path, check=False)
+        differ, labels = shard_differences(metadata, index.metadata), np.asarray(columns.labels)
     if differ:
         message = (f"{name!r} differs from the dataset in {', '.join(differ)}: a shard of another conversion, "
                    "or the index edited")
         report.problems.append(Problem("shard", message, samples))
     if (mismatch := shard_mismatch(index, shard, metadata)) is not None:  # see NOTE [shard identity]
         report.problems.append(Problem("shard", f"{name!r} {mismatch} ({format_samples(samples)})", samples))
-    return shard_report, None if quick or not shard_report.ok else np.asarray(columns.labels)
+    return shard_report, None if quick or not shard_report.ok else labels
 
 
 def _merge_checked(reports):

@@ -201,40 +201,44 @@ def _fastdata_epochs(setup, data, num_workers):
         loader.close()
 
 
+def _padded(values):
+    """Return ``(values padded into one tensor [B, T, ...], lengths [B])``; an empty value of the wrong rank (a peer
+    gives ``[0]`` for an empty list of boxes) takes the others' row shape."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    tensors = [torch.as_tensor(value) for value in values]
+    row = next((tensor.shape[1:] for tensor in tensors if len(tensor)), tensors[0].shape[1:])
+    tensors = [tensor.reshape(0, *row) if not len(tensor) else tensor for tensor in tensors]
+    return pad_sequence(tensors, batch_first=True), torch.tensor([len(tensor) for tensor in tensors])
+
+
 class PadDicts:
-    """Collate dict items: images stacked, ragged tensors padded (with their lengths), text as a list."""
+    """Collate dict items: images stacked, ragged values padded (with their lengths), text as a list."""
 
     def __call__(self, items):
         import torch
-        from torch.nn.utils.rnn import pad_sequence
 
         batch = {"image": torch.stack([item["image"] for item in items])}
         for name in items[0]:
+            values = [item[name] for item in items]
             if name == "image":
                 continue
-            values = [item[name] for item in items]
             if isinstance(values[0], str):
                 batch[name] = values
             else:
-                values = [torch.as_tensor(value) for value in values]
-                batch[name], batch[f"{name}_lengths"] = pad_sequence(values, batch_first=True), torch.tensor(
-                    [len(value) for value in values])
+                batch[name], batch[f"{name}_lengths"] = _padded(values)
         return batch
 
 
 def pad_tuples(samples):
     """WebDataset's collation of ``(image, *fields)`` tuples: as PadDicts, by position."""
     import torch
-    from torch.nn.utils.rnn import pad_sequence
 
     columns = list(zip(*samples))
     batch = [torch.stack([torch.as_tensor(image) for image in columns[0]])]
     for values in columns[1:]:
-        if isinstance(values[0], str):
-            batch.append(list(values))
-        else:
-            tensors = [torch.as_tensor(value) for value in values]
-            batch += [pad_sequence(tensors, batch_first=True), torch.tensor([len(value) for value in tensors])]
+        batch += [list(values)] if isinstance(values[0], str) else list(_padded(values))
     return batch
 
 
@@ -356,7 +360,9 @@ def run(config, fresh):
     setup = {key: config[key] for key in ("batch_size", "repeats", "min_seconds", "seed")}
     setup.update(files=files, folder=workdir, num_samples=len(paths))
     storage_of = {set_key(*spec): spec[2] for spec in SETS}
-    measured = [fresh.run(measure, row, setup) for row in rows(files, storage_of)]
+    measured = [fresh.run(measure, row, setup) if row.kind in PEERS  # slow rows: one process is enough
+                else fresh.run_median(config["process_repeats"], measure, row, setup)  # NOTE [process to process]
+                for row in rows(files, storage_of)]
     converted = conversions(paths, workdir, config["seed"], fresh)
     result = {"num_records": len(paths), "batch_size": config["batch_size"], "files": files, "rows": measured,
               "conversions": converted, "versions": {name: installed_version(name) for name in PEERS.values()}}

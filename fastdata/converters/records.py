@@ -19,23 +19,26 @@ import numpy as np
 from fastdata.converters.fieldvalues import Mismatch, encode, infer_field
 from fastdata.converters.parallel import run_tasks
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice
+from fastdata.converters.shards import DEFAULT_SHARD_BYTES, container_of, is_folder_output
 from fastdata.converters.staging import check_output, staged_output
 from fastdata.errors import OptionError, SampleError
-from fastdata.formats import format_of, write_records
+from fastdata.formats import write_records
 from fastdata.formats.records import RECORDS_KIND, FieldColumn, make_schema, schema_to_json
+from fastdata.formats.shards import conversion_id, file_checksum, shard_name, write_index
 
 _INFERRED_FROM = 64  # records looked at for the type of a field whose first values are None or empty
 _TASK_RECORDS = 256  # inputs per task on workers: see NOTE [records on workers]
 
 
 def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
-          progress=False, source=None):
+          progress=False, source=None, shard_size=None, format=None):
     """Write ``records`` (an iterable of dicts) to the packed file ``out`` (.h5, .hdf5 or .arrow).
 
     Args:
         records: dicts of field name -> value, one per record, every one with the same fields; with
             ``fn``, the inputs ``fn`` makes them from.
-        out: the file to write; its extension picks the container.
+        out: the file to write, its extension picking the container; or, without such an extension, a
+            shard folder: record files of about ``shard_size`` bytes (default 64 MiB) and index.json.
         schema: ``{name: type}``, a type being one of "int", "float", "str", "bytes", "json",
             "tokens" or a ``fastdata.Field`` (images, arrays, ragged rows, dtypes); default: from the
             first records (see fieldvalues.infer_field).
@@ -50,6 +53,8 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         overwrite: replace an existing ``out``.
         progress: show a progress bar.
         source: a JSON object describing where the records came from, kept in the file's metadata.
+        shard_size: a shard folder's bytes per shard (see NOTE [record shards]).
+        format: a shard folder's container, "hdf5" (default) or "arrow".
 
     Returns:
         ConversionReport: the records written and every record left out, with why.
@@ -65,8 +70,10 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         >>> fastdata.write(paths, "photos.arrow", fn=load_record, workers=8)  # load_record(path) -> dict
     """
     check_choice("on_error", on_error, ON_ERROR)
-    format_of(out)  # a bad extension or an existing output fails before any work
-    check_output(os.path.abspath(os.fspath(out)), overwrite)
+    folder = is_folder_output(out)
+    container_of(out, format)  # a bad format or an existing output fails before any work
+    check_output(os.path.abspath(os.fspath(out)), overwrite or (folder and os.path.isdir(out) and not os.listdir(out)),
+                 folder)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise OptionError(f"workers should be a positive integer, got workers={workers!r}")
     if workers > 1 or executor is not None:
@@ -76,19 +83,79 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
     head = list(itertools.islice(inputs, _INFERRED_FROM))  # made here: they tell the schema
     made = [_made(fn, item) for item in head]
     fields = make_schema(schema) if schema is not None else _told_schema(made)
-    columns, skipped = _Columns(fields), []
-    for index, encoded in enumerate(_all_encoded(fields, fn, made, inputs, workers, executor, progress)):
-        if isinstance(encoded, Mismatch):
-            _bad_record(index, str(encoded), on_error)
-            skipped.append((f"record {index}", str(encoded)))
-        else:
-            columns.add(encoded)
-    metadata = {"kind": RECORDS_KIND, "num_samples": columns.num_samples, "fields": schema_to_json(fields),
-                "skipped": [{"path": name, "reason": reason} for name, reason in skipped],
+    encoded = _all_encoded(fields, fn, made, inputs, workers, executor, progress)
+    kept, skipped = _kept(encoded, on_error)
+    metadata = {"kind": RECORDS_KIND, "num_samples": 0, "fields": schema_to_json(fields), "skipped": skipped,
                 **({"source": source} if source is not None else {})}
-    with staged_output(out, overwrite) as (_, staged_path):
-        write_records(staged_path, columns.finish(), metadata, fields)
-    return ConversionReport(os.fspath(out), columns.num_samples, skipped, time.perf_counter() - started, "record")
+    container = container_of(out, format)
+    if is_folder_output(out):
+        with staged_output(out, overwrite, folder=True) as (_, staged_root):
+            count = _write_shards(staged_root, kept, fields, metadata, container, shard_size or DEFAULT_SHARD_BYTES)
+    else:
+        columns = _Columns(fields)
+        for _, values in kept:
+            columns.add(values)
+        count = metadata["num_samples"] = columns.num_samples
+        with staged_output(out, overwrite) as (_, staged_path):
+            write_records(staged_path, columns.finish(), metadata, fields)
+    return ConversionReport(os.fspath(out), count, [(item["path"], item["reason"]) for item in skipped],
+                            time.perf_counter() - started, "record")
+
+
+def _kept(encoded, on_error):
+    """Return ``(an iterator of (input index, encoded values) of the records kept, the list of those left out)``.
+
+    The list fills as the iterator is consumed: each record left out is applied ``on_error`` to then.
+    """
+    skipped = []
+
+    def kept():
+        for index, values in enumerate(encoded):
+            if isinstance(values, Mismatch):
+                _bad_record(index, str(values), on_error)
+                skipped.append({"path": f"record {index}", "reason": str(values)})
+            else:
+                yield index, values
+
+    return kept(), skipped
+
+
+def _write_shards(root, kept, fields, metadata, container, shard_bytes):
+    """Write the records of ``kept`` into shards of about ``shard_bytes`` in ``root``, then index.json; return how many.
+
+    NOTE [record shards]: a shard is cut once its encoded values reach
+    ``shard_bytes``, in input order, so the shards are the same for any
+    number of workers; only one shard's values are held at a time. Each
+    shard is a record file whose ``shard`` records the conversion id (a
+    digest of the schema, container and shard size), its number and its
+    inputs (NOTE [shard identity] in formats/shards.py).
+    """
+    settings = {"fields": metadata["fields"], "container": container, "shard_size": shard_bytes}
+    conversion = conversion_id(settings)
+    shards, columns, first, count = [], _Columns(fields), 0, 0
+
+    def flush(stop):
+        number = len(shards)
+        name = shard_name(number, container)
+        own = {**metadata, "num_samples": columns.num_samples, "skipped": [],
+               "shard": {"conversion": conversion, "number": number, "inputs": [first, stop]}}
+        path = os.path.join(root, name)
+        write_records(path, columns.finish(), own, fields)
+        shards.append({"name": name, "num_samples": own["num_samples"], "bytes": os.path.getsize(path),
+                       "crc32": file_checksum(path), "number": number, "inputs": [first, stop]})
+
+    index = -1
+    for index, values in kept:
+        columns.add(values)
+        count += 1
+        if columns.nbytes >= shard_bytes:
+            flush(index + 1)
+            columns, first = _Columns(fields), index + 1
+    if columns.num_samples or not shards:
+        flush(index + 1 if index >= 0 else 0)
+    metadata["num_samples"] = count
+    write_index(root, container, metadata, settings, shards, conversion=conversion)
+    return count
 
 
 def _made(fn, item):
@@ -200,11 +267,12 @@ class _Columns:
     def __init__(self, fields):
         self.fields = fields
         self.values = {name: [] for name in fields}
-        self.num_samples = 0
+        self.num_samples = self.nbytes = 0
 
     def add(self, encoded):
         for name, value in encoded.items():
             self.values[name].append(value)
+            self.nbytes += value.nbytes
         self.num_samples += 1
 
     def finish(self):

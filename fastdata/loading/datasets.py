@@ -363,20 +363,29 @@ def open_dataset(
         >>> dataset = open_dataset("s3://bucket/train/", cache_limit=20 << 30)
     """
     if not is_url(path) and not os.path.isdir(path) and read_metadata(path)["kind"] == RECORDS_KIND:
-        if transform is not None:
-            raise OptionError(f"transform applies to (sample, label) items; {os.fspath(path)!r} holds records of "
-                              "named fields: transform the dicts it gives")
-        return RecordDataset(path, fields=fields)
-    if fields is not None:
-        raise OptionError(f"fields= picks the fields of a record file (fastdata.write); {os.fspath(path)!r} holds "
-                          "(sample, label) pairs")
+        return _record_dataset(path, fields, transform)
     remote = {"storage_options": storage_options, "cache_dir": cache_dir, "cache_limit": cache_limit,
               "prefetch": prefetch}
     index = None  # a folder's, read once: a URL's costs round trips (NOTE [one index request] in storage/urls.py)
     if is_url(path):
         index = read_remote_index(path, storage_options)
+        if index.metadata.get("kind") == RECORDS_KIND:
+            raise OptionError(f"{path!r} is a folder of records at a URL, which fastdata does not read yet: copy "
+                              "it to a local folder and open that")
     elif os.path.isdir(path):
         index = read_index(path)
+        if index.metadata.get("kind") == RECORDS_KIND:
+            return _record_dataset(path, fields, transform, index)
+    if fields is not None:
+        raise OptionError(f"fields= picks the fields of a record file (fastdata.write); {os.fspath(path)!r} holds "
+                          "(sample, label) pairs")
     container = format_of(path) if index is None else index.container
     cls = HDF5Dataset if container == "hdf5" else ArrowDataset
     return cls(path, transform=transform, max_open_shards=max_open_shards, index=index, **remote)
+
+
+def _record_dataset(path, fields, transform, index=None):
+    if transform is not None:
+        raise OptionError(f"transform applies to (sample, label) items; {os.fspath(path)!r} holds records of named "
+                          "fields: transform the dicts it gives")
+    return RecordDataset(path, fields=fields, index=index)

@@ -23,7 +23,8 @@ from torch.utils.data import Dataset
 
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns, format_of, read_checksums, read_records
-from fastdata.formats.records import LENGTHS_SUFFIX
+from fastdata.formats.records import LENGTHS_SUFFIX, schema_of_metadata
+from fastdata.formats.shards import read_index, shard_mismatch
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 
@@ -47,37 +48,58 @@ class RecordDataset(Dataset):
     is_remote = False
     read_options = ("threads",)  # the image fields' copies and decodes
 
-    def __init__(self, path, fields=None):
+    def __init__(self, path, fields=None, index=None):
         self.path = os.fspath(path)
-        self.format = format_of(self.path)
-        _, self.schema, self.metadata = read_records(self.path)  # checked once, here
+        if os.path.isdir(self.path):  # a shard folder: record files and index.json (NOTE [record shards])
+            self._index = index if index is not None else read_index(self.path)
+            self.format, self.metadata = self._index.container, self._index.metadata
+            self.schema = schema_of_metadata(self.metadata, self.path)
+            self._files = [self._index.path(shard) for shard in range(self._index.num_shards)]
+            self._starts = self._index.starts
+        else:
+            self._index, self.format = None, format_of(self.path)
+            _, self.schema, self.metadata = read_records(self.path)  # checked once, here
+            self._files, self._starts = [self.path], np.array([0, self.metadata["num_samples"]], np.int64)
         self.fields = _picked(fields, self.schema, self.path)
         self._num_samples = self.metadata["num_samples"]
-        self._identity = _identity(self.path)
-        self.fingerprint = _fingerprint(self.path, self.metadata)
-        self._columns, self._decoders, self._pid = None, None, None
+        self._identities = [_identity(path) for path in self._files]
+        self.fingerprint = _fingerprint(self.path, self.metadata, self._index)
+        self._shards, self._decoders, self._pid = None, None, None
 
     def __repr__(self):
         described = ", ".join(_described(name, self.schema[name]) for name in self.fields)
-        name = os.path.basename(self.path)
+        name = os.path.basename(os.path.normpath(self.path))
         return f"<RecordDataset {name!r} {self.format}: {self._num_samples} records, {described}>"
 
     def __len__(self):
         return self._num_samples
 
     def __getstate__(self):
-        return {**self.__dict__, "_columns": None, "_decoders": None, "_pid": None}
+        return {**self.__dict__, "_shards": None, "_decoders": None, "_pid": None}
 
-    def _open(self):
-        """Return the columns, mapped in this process; FormatError if the file changed since the dataset was made."""
-        if _identity(self.path) != self._identity:
-            raise FormatError(f"{self.path!r} changed since it was opened (size, modification time or inode); a "
+    def _open(self, shard):
+        """Return the picked columns of ``shard``, mapped in this process, checked against the file and the index.
+
+        Raises:
+            FormatError: the file changed since the dataset was made, or is not the shard the index lists.
+        """
+        path = self._files[shard]
+        if _identity(path) != self._identities[shard]:
+            raise FormatError(f"{path!r} changed since it was opened (size, modification time or inode); a "
                               "packed file must not change while it is read: open it again (open_dataset)")
-        if self._columns is None or self._pid != os.getpid():
-            columns, _, _ = read_records(self.path)
-            self._columns = {name: columns[name] for name in self.fields}
-            self._decoders, self._pid = _image_decoders(self.schema, self.fields, self.path), os.getpid()
-        return self._columns
+        if self._shards is None or self._pid != os.getpid():
+            self._shards, self._pid = [None] * len(self._files), os.getpid()
+            self._decoders = _image_decoders(self.schema, self.fields, self.path)
+        if self._shards[shard] is None:
+            columns, _, metadata = read_records(path)
+            if self._index is not None:
+                mismatch = shard_mismatch(self._index, shard, metadata)
+                if mismatch is None and metadata["fields"] != self.metadata["fields"]:
+                    mismatch = "holds other fields than the index says"
+                if mismatch is not None:
+                    raise FormatError(f"{path!r} {mismatch}; restore the folder, or write it again")
+            self._shards[shard] = {name: columns[name] for name in self.fields}
+        return self._shards[shard]
 
     def __getitem__(self, index):
         """Return record ``index`` as a dict: tensors for numbers, arrays and images; str, bytes or JSON values."""
@@ -93,28 +115,39 @@ class RecordDataset(Dataset):
     def read_batch(self, indices, pin_memory=False, threads=None):
         """Return the records at ``indices`` as one dict batch (see the module's docstring)."""
         indices = checked_indices(np.asarray(indices, dtype=np.int64), self._num_samples, self.path)
-        columns = self._open()
-        batch = {}
-        for name, field in self._picked_schema().items():
-            column = columns[name]
-            if field.type == "image":
-                batch[name] = self._images(name, field, column, indices, threads)
-            elif field.type in ("tokens", "ragged"):
-                batch[name], batch[name + LENGTHS_SUFFIX] = _padded(column, indices, field)
-            elif field.type in ("str", "bytes", "json"):
-                batch[name] = _byte_values(column, indices, field.type, name, self.path)
-            else:
-                values = np.take(np.asarray(column.values), indices, axis=0)
-                batch[name] = torch.from_numpy(values.astype(np.int64) if values.dtype.name in _WIDENED else values)
+        if len(self._files) == 1:
+            batch = self._read_part(0, indices, threads)
+        else:
+            shards = np.searchsorted(self._starts, indices, side="right") - 1
+            parts = [(np.flatnonzero(shards == shard), shard) for shard in np.unique(shards).tolist()]
+            batch = _merged([(rows, self._read_part(shard, indices[rows] - self._starts[shard], threads))
+                             for rows, shard in parts], len(indices), self._picked_schema())
         if pin_memory:
             batch = {name: value.pin_memory() if isinstance(value, torch.Tensor) else value
                      for name, value in batch.items()}
         return batch
 
-    def _images(self, name, field, column, indices, threads):
+    def _read_part(self, shard, indices, threads):
+        """Return the dict batch of rows ``indices`` (checked, in range) of ``shard``."""
+        columns, path = self._open(shard), self._files[shard]
+        batch = {}
+        for name, field in self._picked_schema().items():
+            column = columns[name]
+            if field.type == "image":
+                batch[name] = self._images(name, field, column, indices, threads, path)
+            elif field.type in ("tokens", "ragged"):
+                batch[name], batch[name + LENGTHS_SUFFIX] = _padded(column, indices, field)
+            elif field.type in ("str", "bytes", "json"):
+                batch[name] = _byte_values(column, indices, field.type, name, path)
+            else:
+                values = np.take(np.asarray(column.values), indices, axis=0)
+                batch[name] = torch.from_numpy(values.astype(np.int64) if values.dtype.name in _WIDENED else values)
+        return batch
+
+    def _images(self, name, field, column, indices, threads, path):
         decoder = self._decoders.get(name)
         if decoder is None:  # PNG: Pillow, one image at a time
-            return _png_images(column, indices, field, name, self.path)
+            return _png_images(column, indices, field, name, path)
         (images,) = decoder.batch(Columns(column.values, _NO_LABELS, column.offsets), indices, threads=threads)
         return images
 
@@ -140,11 +173,41 @@ def _identity(path):
     return stat.st_size, stat.st_mtime_ns, stat.st_ino
 
 
-def _fingerprint(path, metadata):
-    """A 16-hex-digit digest of the file's metadata and column checksums: equal for copies, as NOTE [fingerprint]."""
-    sums = {name: hashlib.sha256(values.tobytes()).hexdigest() for name, values in read_checksums(path).items()}
-    described = json.dumps({"metadata": metadata, "checksums": sums, "size": os.path.getsize(path)}, sort_keys=True)
-    return hashlib.sha256(described.encode()).hexdigest()[:16]
+def _fingerprint(path, metadata, index):
+    """A 16-hex-digit digest of the metadata and the files' checksums: equal for copies, as NOTE [fingerprint]."""
+    if index is not None:  # a folder: its index lists every shard's size and crc32
+        described = {"metadata": metadata, "starts": index.starts.tolist(), "sizes": index.sizes.tolist(),
+                     "checksums": list(index.checksums)}
+    else:
+        sums = {name: hashlib.sha256(values.tobytes()).hexdigest() for name, values in read_checksums(path).items()}
+        described = {"metadata": metadata, "checksums": sums, "size": os.path.getsize(path)}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _merged(parts, count, fields):
+    """Return one dict batch of ``count`` rows from the batches of ``parts``: ``[(batch rows, part batch)]``."""
+    merged = {}
+    for name in parts[0][1]:
+        values = [(rows, part[name]) for rows, part in parts]
+        if not isinstance(values[0][1], torch.Tensor):  # str, bytes, json: lists
+            out = [None] * count
+            for rows, items in values:
+                for row, item in zip(rows.tolist(), items):
+                    out[row] = item
+            merged[name] = out
+            continue
+        first = values[0][1]
+        shape = list(first.shape)
+        if name in fields and fields[name].type in ("tokens", "ragged"):  # padded to each part's longest
+            shape[1] = max(int(tensor.shape[1]) for _, tensor in values)
+        out = torch.zeros((count, *shape[1:]), dtype=first.dtype)
+        for rows, tensor in values:
+            if tensor.dim() == 1:
+                out[torch.from_numpy(rows)] = tensor
+            else:
+                out[torch.from_numpy(rows), : tensor.shape[1]] = tensor
+        merged[name] = out
+    return merged
 
 
 def _described(name, field):

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]  # ~40 s of fresh proce
 
 @pytest.fixture(scope="module")
 def section(tmp_path_factory):
-    config = {"num_images": 40, "batch_size": 16, "repeats": 1, "min_seconds": 0.01, "seed": 0,
+    config = {"num_images": 40, "batch_size": 16, "repeats": 1, "process_repeats": 1, "min_seconds": 0.01, "seed": 0,
               "workdir": str(tmp_path_factory.mktemp("work"))}
     with FreshProcesses() as fresh:
         return records.run(config, fresh)

@@ -138,7 +138,7 @@ def test_a_dataset_pickles_without_its_maps_and_refuses_a_file_changed_under_it(
     dataset = RecordDataset(copy)
     dataset.read_batch([1, 2])
     clone = pickle.loads(pickle.dumps(dataset))
-    assert clone._columns is None and clone.fingerprint == dataset.fingerprint == RecordDataset(path).fingerprint
+    assert clone._shards is None and clone.fingerprint == dataset.fingerprint == RecordDataset(path).fingerprint
     assert clone[5]["id"] == 5
     copy.write_bytes(path.read_bytes()[:-8])
     with pytest.raises(FormatError, match="copy.arrow' changed since it was opened"):
