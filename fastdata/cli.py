@@ -209,7 +209,8 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
 
 
 def _image_field_options(command):
-    """Add the options of a record source's image fields: --size, --storage, --quality, --resize."""
+    """Add the options of a record source's image fields (--size, --storage, --quality, --resize) and its output's
+    (--format, --shard-size)."""
     options = [
         click.option("--size", default="64", show_default=True, help="Stored image size: N (square) or HxW."),
         click.option("--storage", type=click.Choice(IMAGE_STORAGES), default="raw", show_default=True,
@@ -217,13 +218,18 @@ def _image_field_options(command):
         click.option("--quality", type=click.IntRange(1, 100), default=None, help="JPEG quality [default: 90]."),
         click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
                      help="How images reach --size [default: crop; pad for coco]."),
+        click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
+                     help="A shard folder OUT's container [default: hdf5]; a file's is its extension's."),
+        click.option("--shard-size", type=_ByteSize(), default=None,
+                     help="A shard folder OUT's bytes per shard (64MB, 256MiB...) [default: 64 MiB]."),
     ]
     return functools.reduce(lambda command, option: option(command), reversed(options), command)
 
 
-def _write_records(convert, *args, size, workers, quiet, **options):
+def _write_records(convert, *args, size, workers, quiet, container, **options):
     """Run a record source's ``convert`` with the CLI's options and print its report."""
-    report = convert(*args, size=_parse_size(size), workers=workers or 1, progress=not quiet, **options)
+    report = convert(*args, size=_parse_size(size), workers=workers or 1, progress=not quiet, format=container,
+                     **options)
     click.echo(str(report))
 
 
@@ -236,7 +242,8 @@ def _write_records(convert, *args, size, workers, quiet, **options):
 @_conversion_options("Encoding", "rows that do not fit their column's type")
 @_reports_errors
 def convert_table_command(src, out, images, **options):
-    """Pack the CSV/TSV/JSONL/Parquet manifest SRC into the record file OUT (.h5, .hdf5 or .arrow).
+    """Pack the CSV/TSV/JSONL/Parquet manifest SRC into the record file OUT (.h5, .hdf5 or .arrow), or the shard
+    folder OUT (any other name).
 
     Every column becomes a field of its type (Parquet's own; CSV text as int or
     float where every value reads back as written); --image columns are images.

@@ -241,6 +241,11 @@ def test_the_cli_converts_each_source(photos, tmp_path):
     assert result.exit_code == 0, result.output
     assert "wrote" in result.output and "6 samples" in result.output
     assert open_dataset(tmp_path / "m.arrow").read_batch([0])["path"].shape == (1, 3, 16, 20)
+    result = run_cli("convert", "table", str(tmp_path / "m.jsonl"), str(tmp_path / "folder"), "--image", "path",
+                     "--size", "16", "--format", "arrow", "--shard-size", "2KB", "--quiet")
+    assert result.exit_code == 0, result.output
+    folder = open_dataset(tmp_path / "folder")
+    assert folder.format == "arrow" and len(folder._files) > 1 and folder.read_batch([5])["label"].tolist() == [5]
     annotations, _ = _coco_set(tmp_path, np.random.default_rng(4))
     result = run_cli("convert", "coco", str(annotations), str(tmp_path / "c.h5"), "--size", "32", "--quiet")
     assert result.exit_code == 0, result.output

@@ -171,3 +171,21 @@ def test_a_bad_schema_is_refused_naming_the_field(tmp_path, schema, message):
     with pytest.raises(OptionError, match=message):
         write([], tmp_path / "never.h5", schema=schema)
     assert not (tmp_path / "never.h5").exists()
+
+
+@pytest.mark.parametrize("longest", [5, 96, 97, 400])
+def test_ragged_rows_pad_alike_gathered_at_once_or_row_by_row(tmp_path, longest):
+    # rows up to _GATHER_WIDTH long are gathered at once, longer batches row by row (NOTE [short rows at once])
+    rng = np.random.default_rng(longest)
+    rows = [rng.integers(0, 60000, int(length)).tolist() for length in rng.integers(0, longest + 1, 40)]
+    rows[7] = list(range(longest))
+    boxes = [rng.random((len(row) % 7, 4)).astype(np.float32) for row in rows]
+    write([{"ids": row, "boxes": box} for row, box in zip(rows, boxes)], tmp_path / "r.h5",
+          schema={"ids": Field("tokens", dtype="uint16"), "boxes": Field("ragged", shape=(4,))})
+    batch = open_dataset(tmp_path / "r.h5").read_batch(np.arange(40)[::-1])
+    assert batch["ids"].shape == (40, longest) and batch["ids"].dtype == torch.int64
+    for row, index in enumerate(range(39, -1, -1)):
+        length = len(rows[index])
+        assert batch["ids_lengths"][row] == length and batch["ids"][row, :length].tolist() == rows[index]
+        assert not batch["ids"][row, length:].any()
+        np.testing.assert_array_equal(batch["boxes"][row, : len(boxes[index])].numpy(), boxes[index])
