@@ -94,8 +94,9 @@ class DevicePipeline:
     """
 
     def __init__(self, device: torch.device, *, augment=None, normalize=None, dtype=None, memory_format=None,
-                 seed: int = 0, ahead: int = 1, fuse_crop: bool = False):
+                 seed: int = 0, ahead: int = 1, fuse_crop: bool = False, image_fields: tuple = ()):
         self.device, self.seed, self.ahead = device, seed, max(1, ahead)
+        self.image_fields = image_fields  # dict batches (records): the fields transformed as images
         crop, augment = _split_crop(augment) if fuse_crop else (None, augment)
         if crop is not None and normalize is None and dtype is None:
             dtype = torch.float32  # as the unfused RandomResizedCrop returns (see _Flips)
@@ -125,11 +126,21 @@ class DevicePipeline:
         tensors, indices, epoch = batch
         if self._copier is None:
             return tensors, indices, epoch, None
+        if isinstance(tensors, dict):  # a record batch: its tensors move, its lists (text, JSON) stay
+            names = [name for name, value in tensors.items() if isinstance(value, torch.Tensor)]
+            moved, ready = self._copier.copy([tensors[name] for name in names])
+            return {**tensors, **dict(zip(names, moved))}, indices, epoch, (ready, names)
         tensors, ready = self._copier.copy(tensors)
         return tensors, indices, epoch, ready
 
     def _finish(self, tensors, indices, epoch, ready):
         """Wait for the copy on the consumer's stream, then transform the images (not labels or lengths)."""
+        if isinstance(tensors, dict):
+            if ready is not None:
+                event, names = ready
+                self._copier.wait([tensors[name] for name in names], event)
+            return {name: self.transform(value, indices, epoch) if name in self.image_fields else value
+                    for name, value in tensors.items()}
         if ready is not None:
             tensors = self._copier.wait(tensors, ready)
         images, *rest = tensors  # text: tokens, which take no transform (make_pipeline refuses them one)
@@ -303,9 +314,15 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
             raise OptionError(f"{', '.join(given)} run in the device pipeline: pass device='cpu' or device='cuda' "
                               "too")
         return None
-    if getattr(dataset, "kind", None) == "records":
-        raise OptionError("device= and its pipeline take (sample, label) batches; a record dataset's batches are "
-                          "dicts: move them with {name: value.to(device) for ...} in the loop")
+    image_fields = ()
+    if getattr(dataset, "kind", None) == "records":  # dict batches: tensors move, image fields transform
+        if augment is not None:
+            raise OptionError("augment on record batches is not built yet: a crop or flip would have to move each "
+                              "record's boxes with its image. Augment the image field in the loop")
+        image_fields = tuple(name for name in dataset.fields if dataset.schema[name].type == "image")
+        if given and not image_fields:
+            raise OptionError(f"{', '.join(given)} transform image fields; {dataset.path!r} reads none "
+                              f"(fields {', '.join(dataset.fields)})")
     device = _check_device(device)
     if given and getattr(dataset, "kind", None) == "text":
         raise OptionError(f"{', '.join(given)} apply to image batches; a text dataset's batches only move to "
@@ -322,7 +339,8 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
     _check_dtype(dtype, normalized=normalize is not False and normalize is not None or _normalizes(augment))
     fuse_crop = "crop" in getattr(dataset, "read_options", ())
     return DevicePipeline(device, augment=augment, normalize=_statistics(dataset, normalize), dtype=dtype,
-                          memory_format=memory_format, seed=seed, ahead=ahead, fuse_crop=fuse_crop)
+                          memory_format=memory_format, seed=seed, ahead=ahead, fuse_crop=fuse_crop,
+                          image_fields=image_fields)
 
 
 def _normalizes(augment):

@@ -113,7 +113,7 @@ def test_fields_picks_what_is_read_and_the_others_are_never_touched(record_file,
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"device": "cpu"}, "record dataset's batches are dicts"),
+    ({"device": "cpu", "augment": lambda images, *_: images}, "augment on record batches is not built yet"),
     ({"helper_process": True}, "dict batches are read in this process, or by num_workers"),
     ({"pad_to": 8}, "pad_to applies to text datasets"),
 ])
@@ -143,3 +143,25 @@ def test_a_dataset_pickles_without_its_maps_and_refuses_a_file_changed_under_it(
     copy.write_bytes(path.read_bytes()[:-8])
     with pytest.raises(FormatError, match="copy.arrow' changed since it was opened"):
         dataset.read_batch([0])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_device_feeding_moves_a_dict_batch_and_normalizes_its_image_field(record_file, num_workers):
+    path, _ = record_file
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    plain = list(make_loader(open_dataset(path), 8, shuffle=True, seed=9))
+    loader = make_loader(open_dataset(path), 8, shuffle=True, seed=9, device="cpu", normalize=(mean, std),
+                         dtype=torch.float16, num_workers=num_workers)
+    try:
+        fed = list(loader)
+    finally:
+        loader.close()
+    assert len(fed) == len(plain)
+    for raw, batch in zip(plain, fed):
+        assert batch["image"].dtype == torch.float16 and batch["caption"] == raw["caption"]
+        expected = (raw["image"].float() / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+        torch.testing.assert_close(batch["image"].float(), expected, atol=2e-3, rtol=2e-3)
+        for key in ("id", "tokens", "tokens_lengths", "boxes", "boxes_lengths", "weight"):
+            torch.testing.assert_close(batch[key], raw[key], rtol=0, atol=0)
+    with pytest.raises(OptionError, match="normalize transform image fields; .* reads none"):
+        make_loader(open_dataset(path, fields=["caption"]), 8, device="cpu", normalize=(mean, std))
