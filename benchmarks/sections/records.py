@@ -24,10 +24,12 @@ decode limit (decode_jpeg of every stored JPEG on every core) are timed in
 turn in one process, LIMIT_ROUNDS rounds, the target being the median
 ratio (NOTE [interleaved rates] in fastdata/measure/engine.py).
 
-Conversion: the 64 px jpeg pairs written by fastdata.write (2 workers)
-against ``datasets.Dataset.map(num_proc=2)`` doing the same decode, resize
-and encode (then save_to_disk) and a plain multiprocessing.Pool doing it and
-writing the same columns to an .h5 file, each in a fresh process.
+Conversion: CONVERT_RECORDS 64 px jpeg pairs (photos of an ImageNet-like
+folder, see fastdata.measure.synthetic.make_imagenet_like) written by
+fastdata.write (2 workers) against ``datasets.Dataset.map(num_proc=2)`` doing
+the same decode, resize and encode (then save_to_disk) and a plain
+multiprocessing.Pool doing it and writing the same columns to an .h5 file,
+each in a fresh process.
 """
 
 import os
@@ -57,6 +59,7 @@ WORKERS = 2
 QUALITY = 90
 VS_BEST_PEER = 10.0  # raw storage: fastdata's dict batches over the best peer's rate
 VS_DECODE_LIMIT = 0.9  # jpeg storage: fastdata's dict batches over the decode limit
+CONVERT_RECORDS = 100_000  # records of the conversion rows (--quick: num_images), from an ImageNet-like folder
 LIMIT_ROUNDS = 5  # rounds of the loader and the decode limit in turn (--quick 2)
 VS_POOL = 0.9  # conversion: fastdata.write over a plain Pool doing the same work and writing the same columns
 PEERS = {"hf": "datasets", "wds": "webdataset"}
@@ -378,7 +381,9 @@ def run(config, fresh):
     rounds = 2 if config.get("quick") else LIMIT_ROUNDS
     limits = [fresh.run(measure_against_limit, key, setup, rounds) for key, storage in storage_of.items()
               if storage == "jpeg"]
-    converted = conversions(paths, workdir, config["seed"], fresh)
+    count = config["num_images"] if config.get("quick") else CONVERT_RECORDS
+    _, root, _ = inputs.imagenet_like(config["workdir"], count, min(1000, count), min(3000, count), config["seed"])
+    converted = conversions(inputs.list_images(root)[0], workdir, config["seed"], fresh)
     result = {"num_records": len(paths), "batch_size": config["batch_size"], "files": files, "rows": measured,
               "limits": limits,
               "conversions": converted, "versions": {name: installed_version(name) for name in PEERS.values()}}
@@ -417,7 +422,8 @@ def targets_of(result, storage_of):
 def text(result):
     body = [(row["data"], row["method"], row["workers"], f"{row['samples_per_s']:,.0f}") for row in result["rows"]]
     loading = markdown_table(["set", "reader", "workers", "records/s"], body, "lllr")
-    converting = markdown_table(["conversion of the 64 px jpeg pairs", "records/s", "seconds"],
+    converting = markdown_table([f"conversion of {result['conversions'][0]['num_records']:,} 64 px jpeg pairs",
+                                 "records/s", "seconds"],
                                 [(row["tool"], f"{row['records_per_s']:,.0f}", f"{row['seconds']:.1f}")
                                  for row in result["conversions"]], "lrr")
     limits = markdown_table(["set", "fastdata records/s", "decode limit records/s", "ratio (median of rounds)"],
