@@ -1,4 +1,4 @@
-"""RecordDataset: a file of records of named fields, read as dicts and as dict batches.
+"""RecordDataset: a file (or shard folder) of records of named fields, read as dicts and as dict batches.
 
 A batch is one dict: fixed fields stacked (``int`` int64 ``[B]``, ``float``
 ``[B]``, ``array`` ``[B, *shape]``, images uint8 ``[B, 3, H, W]``, decoded
@@ -37,7 +37,7 @@ class RecordDataset(Dataset):
     """Map-style view of a record file written by ``fastdata.write``: items are dicts.
 
     Args:
-        path: a .h5, .hdf5 or .arrow record file.
+        path: a .h5, .hdf5 or .arrow record file, or a shard folder of them (NOTE [record shards]).
         fields: the names of the fields to read (default: all); the others are never touched.
 
     Raises:
