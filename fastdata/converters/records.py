@@ -13,11 +13,12 @@ import os
 import pickle
 import time
 import warnings
+from functools import partial
 
 import numpy as np
 
 from fastdata.converters.fieldvalues import Mismatch, encode, infer_field
-from fastdata.converters.parallel import run_tasks
+from fastdata.converters.parallel import ordered_map, run_tasks
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice
 from fastdata.converters.shards import DEFAULT_SHARD_BYTES, container_of, is_folder_output
 from fastdata.converters.staging import check_output, staged_output
@@ -27,7 +28,7 @@ from fastdata.formats.records import RECORDS_KIND, FieldColumn, make_schema, sch
 from fastdata.formats.shards import conversion_id, file_checksum, shard_name, write_index
 
 _INFERRED_FROM = 64  # records looked at for the type of a field whose first values are None or empty
-_TASK_RECORDS = 256  # inputs per task on workers: see NOTE [records on workers]
+_TASK_RECORDS = 256  # inputs per task on an executor: see NOTE [records on workers]
 
 
 def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
@@ -125,8 +126,9 @@ def _write_shards(root, kept, fields, metadata, container, shard_bytes):
 
     NOTE [record shards]: a shard is cut once its encoded values reach
     ``shard_bytes``, in input order, so the shards are the same for any
-    number of workers; only one shard's values are held at a time. Each
-    shard is a record file whose ``shard`` records the conversion id (a
+    number of workers; only one shard's values are held at a time (besides
+    the chunks local workers have in flight; an executor's results are
+    gathered first: NOTE [records on workers]). Each shard is a record file whose ``shard`` records the conversion id (a
     digest of the schema, container and shard size), its number and its
     inputs (NOTE [shard identity] in formats/shards.py).
     """
@@ -188,16 +190,23 @@ def _all_encoded(fields, fn, made, inputs, workers, executor, progress):
     """Yield each record's encoded values (or its Mismatch), in input order: the first ones here, the rest on workers.
 
     NOTE [records on workers]: a record's encoding (decoding, resizing and
-    compressing its images) depends on the record alone, so tasks of
-    _TASK_RECORDS inputs run anywhere, in any order, and their results are
-    put back in input order: the file is the same for any ``workers`` or
-    executor.
+    compressing its images) depends on the record alone, so it runs on any
+    process and the results are put back in input order: the file is the
+    same for any ``workers`` or executor. Local workers stream them in
+    order (converters.parallel.ordered_map: a few chunks in flight per
+    worker), so a shard folder holds one shard's values at a time; an
+    executor (Dask) runs tasks of _TASK_RECORDS inputs and its results are
+    gathered whole before they are written.
     """
     yield from (_encoded_or_mismatch(record, fields) for record in made)
     if workers == 1 and executor is None:
-        yield from (_encoded_or_mismatch(_made(fn, item), fields) for item in inputs)
+        yield from (_encode_one(fn, fields, item) for item in inputs)
         return
     rest = list(inputs)
+    if executor is None:
+        yield from ordered_map(partial(_encode_one, fn, fields), rest, workers=workers, progress=progress,
+                               unit="record")
+        return
     tasks = [(fn, fields, rest[start : start + _TASK_RECORDS]) for start in range(0, len(rest), _TASK_RECORDS)]
     results = run_tasks(_encode_task, [(number, task) for number, task in enumerate(tasks)],
                         [len(task[2]) for task in tasks], executor=executor, workers=workers, progress=progress,
@@ -208,7 +217,11 @@ def _all_encoded(fields, fn, made, inputs, workers, executor, progress):
 
 def _encode_task(numbered):
     number, (fn, fields, items) = numbered
-    return number, [_encoded_or_mismatch(_made(fn, item), fields) for item in items]
+    return number, [_encode_one(fn, fields, item) for item in items]
+
+
+def _encode_one(fn, fields, item):
+    return _encoded_or_mismatch(_made(fn, item), fields)
 
 
 def _encoded_or_mismatch(record, fields):
