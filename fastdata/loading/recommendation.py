@@ -25,7 +25,8 @@ def file_identity(path, dataset=None):
     stat = os.stat(os.path.join(path, INDEX_NAME) if os.path.isdir(path) else path)
     identity = {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if dataset is not None:
-        identity.update(num_samples=len(dataset), format=dataset.format, kind=dataset.kind, storage=dataset.storage)
+        identity.update(num_samples=len(dataset), format=dataset.format, kind=dataset.kind,
+                        storage=getattr(dataset, "storage", None))  # a record file has a storage per field
     return identity
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from fastdata._cpu import usable_cpus
 from fastdata._optional import require
-from fastdata.errors import SourceError
+from fastdata.errors import OptionError, SourceError
 from fastdata.formats.shards import is_shard_folder
 from fastdata.measure.baselines import PadCollate, PerItem, RawFolderDataset, RawTextDataset
 from fastdata.measure.engine import measure_loader, measure_rate
@@ -49,6 +49,11 @@ def bench_file(path, *, batch_size=256, workers=(0, 2), repeats=3, min_seconds=0
 
     started = time.perf_counter()
     dataset = open_dataset(path)
+    if dataset.kind == "records":
+        raise OptionError(f"fastdata bench compares (sample, label) files with the raw folder and other tools; "
+                          f"{os.fspath(path)!r} holds records of named fields: `fastdata tune` times its loader "
+                          "settings, and `python benchmarks/run.py --only records` compares record files with the "
+                          "other tools")
     rows = _loader_rows(dataset, _file_label(dataset), batch_size, workers) + _contrast_rows(dataset, batch_size)
     measured = _measure_rows(rows, repeats, min_seconds, len(dataset), progress)
     files = [_file_entry(path, dataset, None)]

@@ -154,10 +154,13 @@ def consume(loader, key=None):
     """Iterate one epoch as a training loop does, touching every batch; return the samples seen.
 
     Each batch stays alive until the next one arrives, as in ``for images, labels in loader``.
-    The samples are ``batch[key]`` where ``key`` is given (a dict batch), else the first tensor.
+    The samples are ``batch[key]`` where ``key`` is given, else the first tensor (of a dict batch, its first
+    tensor field).
     """
     count = 0
     for batch in loader:
+        if key is None and isinstance(batch, dict):  # a record batch: its first tensor
+            key = next(name for name, value in batch.items() if hasattr(value, "dim"))
         first = batch[key] if key is not None else batch[0] if isinstance(batch, (tuple, list)) else batch
         count += len(first)
         touch(first)

@@ -165,3 +165,23 @@ def test_device_feeding_moves_a_dict_batch_and_normalizes_its_image_field(record
             torch.testing.assert_close(batch[key], raw[key], rtol=0, atol=0)
     with pytest.raises(OptionError, match="normalize transform image fields; .* reads none"):
         make_loader(open_dataset(path, fields=["caption"]), 8, device="cpu", normalize=(mean, std))
+
+
+def test_tune_times_a_record_file_and_bench_refuses_it_by_name(record_file, tmp_path):
+    from fastdata.loading.recommendation import tune_json_path
+    from fastdata.measure.bench import benchmark
+    from fastdata.measure.tune import tune_loader, write_tune_json
+
+    copy = tmp_path / "pairs.arrow"
+    copy.write_bytes(record_file[0].read_bytes())
+    result = tune_loader(copy, budget=4, max_workers=1)  # real trials of make_loader over dict batches
+    assert result.trials and result.file["kind"] == "records" and result.file["num_samples"] == NUM_RECORDS
+    write_tune_json(result, tune_json_path(copy))
+    tuned = make_loader(open_dataset(copy), 8, num_workers="auto")
+    try:
+        assert getattr(tuned, "num_workers", 0) == result.recommended["num_workers"]
+        assert sorted(i for batch in tuned for i in batch["id"].tolist()) == list(range(NUM_RECORDS))
+    finally:
+        tuned.close()
+    with pytest.raises(OptionError, match=r"pairs.arrow' holds records of named fields: `fastdata tune` times"):
+        benchmark(copy)
