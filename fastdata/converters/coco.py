@@ -48,7 +48,8 @@ def read_coco(annotations, images_root=None, image_options=None):
     images, boxes_of, categories = _parse(annotations)
     root = os.fspath(images_root) if images_root is not None else os.path.dirname(os.path.abspath(annotations))
     schema = {"image": options.field(), "image_id": "int", "file_name": "str",
-              "boxes": Field("ragged", dtype="float32", shape=(4,)), "category_ids": Field("ragged", dtype="int64"),
+              "boxes": Field("ragged", dtype="float32", shape=(4,), boxes="image"),
+              "category_ids": Field("ragged", dtype="int64"),
               "iscrowd": Field("ragged", dtype="uint8")}
     spec = ImageSpec(*options.size, resize=options.resize)
 

@@ -41,6 +41,8 @@ LENGTHS_SUFFIX = "_lengths"  # a ragged field's lengths in a batch: ``batch["box
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DEFAULT_DTYPES = {"tokens": "int32", "int": "int64", "float": "float64", "array": "float32", "ragged": "float32"}
 _BYTE_TYPES = ("str", "bytes", "json")
+_OPTIONS = {"image": {"size", "storage", "quality", "resize"}, "tokens": {"dtype"}, "int": {"dtype", "names"},
+            "float": {"dtype"}, "array": {"dtype", "shape"}, "ragged": {"dtype", "shape", "boxes"}}  # each type's
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Field:
         quality: ``image`` with ``storage="jpeg"``: the JPEG quality.
         resize: ``image``: "crop", "pad" or "stretch" (see codecs.images.ImageSpec).
         names: ``int``: the class names its values index (a ClassLabel's), kept in the file.
+        boxes: ``ragged`` of shape (4,): the image field whose boxes (x, y, width, height in its
+            pixels) these are, so that a loader's augmentation moves them with their image.
 
     Example:
         >>> schema = {"image": Field("image", size=(64, 64), storage="jpeg"), "caption": "str", "label": "int"}
@@ -72,6 +76,7 @@ class Field:
     quality: int | None = None
     resize: str | None = None
     names: tuple | None = None
+    boxes: str | None = None
 
     def to_dict(self, name):
         """Return the field's JSON object, as the file's metadata stores it."""
@@ -118,8 +123,7 @@ def make_field(spec, name):
 
 def _complete(spec, name):
     given = {key for key, value in vars(spec).items() if value is not None and key != "type"}
-    takes = {"image": {"size", "storage", "quality", "resize"}, "tokens": {"dtype"}, "int": {"dtype", "names"},
-             "float": {"dtype"}, "array": {"dtype", "shape"}, "ragged": {"dtype", "shape"}}.get(spec.type, set())
+    takes = _OPTIONS.get(spec.type, set())
     if given - takes:
         raise OptionError(f"field {name!r} of type {spec.type!r} takes no {', '.join(sorted(given - takes))}"
                           + (f"; it takes {', '.join(sorted(takes))}" if takes else ""))
@@ -134,7 +138,10 @@ def _complete(spec, name):
         names = tuple(spec.names) if isinstance(spec.names, (list, tuple)) else None
         if names is None or not all(isinstance(item, str) for item in names):
             raise OptionError(f"field {name!r}: names should be a list of class names (str), got {spec.names!r}")
-    return Field(spec.type, dtype=dtype, shape=shape, names=names)
+    if spec.boxes is not None and (not isinstance(spec.boxes, str) or shape != (4,)):
+        raise OptionError(f"field {name!r}: boxes names the image field these boxes belong to, on a ragged field of "
+                          f"shape (4,): (x, y, width, height); got boxes={spec.boxes!r}, shape={shape}")
+    return Field(spec.type, dtype=dtype, shape=shape, names=names, boxes=spec.boxes)
 
 
 def _image_field(spec, name):
@@ -212,6 +219,9 @@ def make_schema(schema):
                               "file's columns and the batch's keys")
         fields[name] = make_field(spec, name)
     for name, field in fields.items():
+        if field.boxes is not None and getattr(fields.get(field.boxes), "type", None) != "image":
+            raise OptionError(f"field {name!r} holds the boxes of {field.boxes!r}, which is not an image field of "
+                              f"this schema (its fields: {', '.join(fields)})")
         if field.ragged and field.type in ("tokens", "ragged") and name + LENGTHS_SUFFIX in fields:
             raise OptionError(f"fields {name!r} and {name + LENGTHS_SUFFIX!r}: a batch holds the lengths of "
                               f"{name!r} under {name + LENGTHS_SUFFIX!r}; rename one")

@@ -109,9 +109,7 @@ class RandomCrop:
         if height + 2 * pad < out_h or width + 2 * pad < out_w:
             raise OptionError(f"RandomCrop: size {self.size} is larger than the padded images "
                               f"({height + 2 * pad}, {width + 2 * pad}); lower size or raise padding")
-        draws = sample_uniforms(seed, epoch, _numpy_indices(indices), 3)
-        top = np.minimum(draws[:, 0] * (height + 2 * pad - out_h + 1), height + 2 * pad - out_h).astype(np.int64)
-        left = np.minimum(draws[:, 1] * (width + 2 * pad - out_w + 1), width + 2 * pad - out_w).astype(np.int64)
+        top, left, flips = self._windows(indices, epoch, seed, height, width)
         if pad:
             padded = images.new_full((batch, channels, height + 2 * pad, width + 2 * pad), self.fill)
             padded[:, :, pad:pad + height, pad:pad + width] = images
@@ -123,11 +121,25 @@ class RandomCrop:
         count = int(starts.max(initial=-1)) + 1  # windows up to the last one picked (none for an empty batch)
         windows = padded.as_strided((count, channels, out_h, out_w), (1, step_c, step_h, step_w))
         out = windows[torch.from_numpy(starts).to(images.device)]
-        flipped = np.flatnonzero(draws[:, 2] < 0.5) if self.flip else []
+        flipped = np.flatnonzero(flips)
         if len(flipped):
             rows = torch.from_numpy(flipped).to(images.device)  # row numbers, not a mask: no device sync
             out[rows] = out[rows].flip(-1)
         return out
+
+    def _windows(self, indices, epoch, seed, height, width):
+        """Return int64 ``top``, ``left`` [B] of each row's window in the padded image, and bool ``flips`` [B]."""
+        pad, (out_h, out_w) = self.padding, self.size
+        draws = sample_uniforms(seed, epoch, _numpy_indices(indices), 3)
+        top = np.minimum(draws[:, 0] * (height + 2 * pad - out_h + 1), height + 2 * pad - out_h).astype(np.int64)
+        left = np.minimum(draws[:, 1] * (width + 2 * pad - out_w + 1), width + 2 * pad - out_w).astype(np.int64)
+        return top, left, (draws[:, 2] < 0.5) & self.flip
+
+    def move_boxes(self, boxes, indices, epoch, seed, size):
+        """Return ``(boxes moved as __call__ moves their images, the output size)``; see NOTE [boxes move]."""
+        top, left, flips = self._windows(indices, epoch, seed, *size)
+        shift = (self.padding - left, self.padding - top)
+        return _moved(boxes, (1.0, 1.0), shift, self.size, flips), self.size
 
     def __repr__(self):
         return f"RandomCrop(size={self.size}, padding={self.padding}, flip={self.flip}, fill={self.fill})"
@@ -194,6 +206,14 @@ class RandomResizedCrop:
         """Return bool [B]: which samples to flip horizontally (all False when ``flip`` is off)."""
         return (sample_uniforms(seed, epoch, _numpy_indices(indices), 4 * _ATTEMPTS + 1)[:, -1] < 0.5) & self.flip
 
+    def move_boxes(self, boxes, indices, epoch, seed, size):
+        """Return ``(boxes moved as __call__ moves their images, the output size)``; see NOTE [boxes move]."""
+        indices = _numpy_indices(indices)
+        crops = self.boxes(seed, epoch, indices, *size).astype(np.float64)
+        scale = (self.size[1] / crops[:, 3], self.size[0] / crops[:, 2])
+        shift = (-crops[:, 1] * scale[0], -crops[:, 0] * scale[1])
+        return _moved(boxes, scale, shift, self.size, self.flips(seed, epoch, indices)), self.size
+
     def __call__(self, images, indices, epoch, seed):
         batch, _, height, width = _check_batch(images, indices)
         indices = _numpy_indices(indices)
@@ -237,12 +257,19 @@ class CenterCrop:
         self.size = _pair(size)
 
     def __call__(self, images, indices=None, epoch=0, seed=0):
-        _, _, height, width = images.shape
-        out_h, out_w = self.size
+        top, left = self._corner(images.shape[-2:])
+        return images[:, :, top:top + self.size[0], left:left + self.size[1]]
+
+    def _corner(self, size):
+        (height, width), (out_h, out_w) = size, self.size
         if out_h > height or out_w > width:
             raise OptionError(f"CenterCrop: size {self.size} is larger than the images ({height}, {width})")
-        top, left = int(round((height - out_h) / 2)), int(round((width - out_w) / 2))
-        return images[:, :, top:top + out_h, left:left + out_w]
+        return int(round((height - out_h) / 2)), int(round((width - out_w) / 2))
+
+    def move_boxes(self, boxes, indices, epoch, seed, size):
+        """Return ``(boxes moved as __call__ moves their images, the output size)``; see NOTE [boxes move]."""
+        top, left = self._corner(size)
+        return _moved(boxes, (1.0, 1.0), (-left, -top), self.size, np.zeros(len(boxes), bool)), self.size
 
     def __repr__(self):
         return f"CenterCrop(size={self.size})"
@@ -289,6 +316,10 @@ class Normalize:
                                          for v in (scale, shift))
         return self._constants[key]
 
+    def move_boxes(self, boxes, indices, epoch, seed, size):
+        """Return ``(boxes, size)`` unchanged: normalizing moves no pixel."""
+        return boxes, size
+
     def __repr__(self):
         return f"Normalize(mean={self.mean.tolist()}, std={self.std.tolist()}, dtype={self.dtype})"
 
@@ -304,8 +335,40 @@ class Compose:
             images = transform(images, indices, epoch, seed)
         return images
 
+    def move_boxes(self, boxes, indices, epoch, seed, size):
+        """Return ``(boxes moved by every transform in turn, the output size)``; see NOTE [boxes move]."""
+        for transform in self.transforms:
+            boxes, size = transform.move_boxes(boxes, indices, epoch, seed, size)
+        return boxes, size
+
     def __repr__(self):
         return f"Compose({', '.join(map(repr, self.transforms))})"
+
+
+def _moved(boxes, scale, shift, size, flips):
+    """Return float ``boxes`` [B, T, 4] (x, y, width, height) scaled, shifted, clipped to ``size`` and flipped.
+
+    NOTE [boxes move]: a box moves as its image's pixels do: each corner
+    ``c`` goes to ``c * scale + shift`` per row (a crop shifts, a resize
+    scales: the continuous edges of pixels map exactly as grid_sample's
+    pixel centres do), is clipped to the output (a box cut by the crop keeps
+    its inside part; one wholly outside keeps zero width or height, so the
+    rows of fields beside it, labels per box, stay aligned: drop empty boxes
+    in the loop where the model needs), and a flipped row mirrors x.
+    """
+    def per_row(value):  # a number, or one per row
+        row = np.array(np.broadcast_to(value, (len(boxes),)), dtype=np.float64)
+        return torch.from_numpy(row).to(device=boxes.device, dtype=boxes.dtype)[:, None]
+
+    (scale_x, scale_y), (shift_x, shift_y) = map(per_row, scale), map(per_row, shift)
+    height, width = size
+    x0 = (boxes[..., 0] * scale_x + shift_x).clamp(0, width)
+    y0 = (boxes[..., 1] * scale_y + shift_y).clamp(0, height)
+    x1 = ((boxes[..., 0] + boxes[..., 2]) * scale_x + shift_x).clamp(0, width)
+    y1 = ((boxes[..., 1] + boxes[..., 3]) * scale_y + shift_y).clamp(0, height)
+    flipped = torch.as_tensor(np.asarray(flips, bool), device=boxes.device)[:, None]
+    x0, x1 = torch.where(flipped, width - x1, x0), torch.where(flipped, width - x0, x1)
+    return torch.stack([x0, y0, x1 - x0, y1 - y0], dim=-1)
 
 
 def _pair(size):

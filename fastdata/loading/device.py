@@ -94,9 +94,11 @@ class DevicePipeline:
     """
 
     def __init__(self, device: torch.device, *, augment=None, normalize=None, dtype=None, memory_format=None,
-                 seed: int = 0, ahead: int = 1, fuse_crop: bool = False, image_fields: tuple = ()):
+                 seed: int = 0, ahead: int = 1, fuse_crop: bool = False, image_fields: tuple = (),
+                 box_fields: dict | None = None):
         self.device, self.seed, self.ahead = device, seed, max(1, ahead)
         self.image_fields = image_fields  # dict batches (records): the fields transformed as images
+        self.box_fields = box_fields or {}  # and the box fields moved with them: {boxes field: image field}
         crop, augment = _split_crop(augment) if fuse_crop else (None, augment)
         if crop is not None and normalize is None and dtype is None:
             dtype = torch.float32  # as the unfused RandomResizedCrop returns (see _Flips)
@@ -139,12 +141,24 @@ class DevicePipeline:
             if ready is not None:
                 event, names = ready
                 self._copier.wait([tensors[name] for name in names], event)
-            return {name: self.transform(value, indices, epoch) if name in self.image_fields else value
-                    for name, value in tensors.items()}
+            return self._records(tensors, indices, epoch)
         if ready is not None:
             tensors = self._copier.wait(tensors, ready)
         images, *rest = tensors  # text: tokens, which take no transform (make_pipeline refuses them one)
         return self.transform(images, indices, epoch), *rest
+
+    def _records(self, batch, indices, epoch):
+        """Return a dict batch with its image fields transformed and their box fields moved alike."""
+        out = dict(batch)
+        for name in self.image_fields:
+            out[name] = self.transform(batch[name], indices, epoch)
+        if self.augment is not None:
+            for name, image in self.box_fields.items():  # see NOTE [boxes move] in augment.py
+                boxes, lengths = batch[name], batch[name + "_lengths"]
+                moved, _ = self.augment.move_boxes(boxes.float(), indices, epoch, self.seed, batch[image].shape[-2:])
+                inside = torch.arange(boxes.shape[1], device=boxes.device)[None, :] < lengths.to(boxes.device)[:, None]
+                out[name] = moved * inside[..., None]  # rows past a record's length stay zero
+        return out
 
     def transform(self, images: torch.Tensor, indices: np.ndarray, epoch: int) -> torch.Tensor:
         """Return ``images`` (on the device) augmented, normalized, in the pipeline's dtype and memory format."""
@@ -314,12 +328,18 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
             raise OptionError(f"{', '.join(given)} run in the device pipeline: pass device='cpu' or device='cuda' "
                               "too")
         return None
-    image_fields = ()
+    image_fields, box_fields = (), {}
     if getattr(dataset, "kind", None) == "records":  # dict batches: tensors move, image fields transform
-        if augment is not None:
-            raise OptionError("augment on record batches is not built yet: a crop or flip would have to move each "
-                              "record's boxes with its image. Augment the image field in the loop")
         image_fields = tuple(name for name in dataset.fields if dataset.schema[name].type == "image")
+        box_fields = {name: dataset.schema[name].boxes for name in dataset.fields
+                      if dataset.schema[name].boxes in image_fields}
+        if len(image_fields) > 1 and augment is not None:
+            raise OptionError(f"augment draws one crop per record, and {dataset.path!r} reads the image fields "
+                              f"{', '.join(image_fields)}; pick one with open_dataset(..., fields=[...])")
+        if box_fields and augment is not None and not hasattr(augment, "move_boxes"):
+            raise OptionError(f"augment {augment!r} cannot move the boxes of {', '.join(box_fields)} with their "
+                              "images (it has no move_boxes); use fastdata.loading.augment's transforms, or leave "
+                              "the box fields out of fields=")
         if given and not image_fields:
             raise OptionError(f"{', '.join(given)} transform image fields; {dataset.path!r} reads none "
                               f"(fields {', '.join(dataset.fields)})")
@@ -340,7 +360,7 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
     fuse_crop = "crop" in getattr(dataset, "read_options", ())
     return DevicePipeline(device, augment=augment, normalize=_statistics(dataset, normalize), dtype=dtype,
                           memory_format=memory_format, seed=seed, ahead=ahead, fuse_crop=fuse_crop,
-                          image_fields=image_fields)
+                          image_fields=image_fields, box_fields=box_fields)
 
 
 def _normalizes(augment):

@@ -113,7 +113,6 @@ def test_fields_picks_what_is_read_and_the_others_are_never_touched(record_file,
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"device": "cpu", "augment": lambda images, *_: images}, "augment on record batches is not built yet"),
     ({"helper_process": True}, "dict batches are read in this process, or by num_workers"),
     ({"pad_to": 8}, "pad_to applies to text datasets"),
 ])
