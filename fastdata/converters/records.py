@@ -97,6 +97,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         for _, values in kept:
             columns.add(values)
         count = metadata["num_samples"] = columns.num_samples
+        metadata["longest"] = columns.longest
         with staged_output(out, overwrite) as (_, staged_path):
             write_records(staged_path, columns.finish(), metadata, fields)
     return ConversionReport(os.fspath(out), count, [(item["path"], item["reason"]) for item in skipped],
@@ -134,13 +135,14 @@ def _write_shards(root, kept, fields, metadata, container, shard_bytes):
     """
     settings = {"fields": metadata["fields"], "container": container, "shard_size": shard_bytes}
     conversion = conversion_id(settings)
-    shards, columns, first, count = [], _Columns(fields), 0, 0
+    shards, columns, first, count, longest = [], _Columns(fields), 0, 0, {}
 
     def flush(stop):
         number = len(shards)
         name = shard_name(number, container)
-        own = {**metadata, "num_samples": columns.num_samples, "skipped": [],
+        own = {**metadata, "num_samples": columns.num_samples, "skipped": [], "longest": dict(columns.longest),
                "shard": {"conversion": conversion, "number": number, "inputs": [first, stop]}}
+        longest.update({key: max(longest.get(key, 0), value) for key, value in columns.longest.items()})
         path = os.path.join(root, name)
         write_records(path, columns.finish(), own, fields)
         shards.append({"name": name, "num_samples": own["num_samples"], "bytes": os.path.getsize(path),
@@ -155,7 +157,7 @@ def _write_shards(root, kept, fields, metadata, container, shard_bytes):
             columns, first = _Columns(fields), index + 1
     if columns.num_samples or not shards:
         flush(index + 1 if index >= 0 else 0)
-    metadata["num_samples"] = count
+    metadata.update(num_samples=count, longest=longest)
     write_index(root, container, metadata, settings, shards, conversion=conversion)
     return count
 
@@ -281,11 +283,14 @@ class _Columns:
         self.fields = fields
         self.values = {name: [] for name in fields}
         self.num_samples = self.nbytes = 0
+        self.longest = {name: 0 for name, field in fields.items() if field.ragged}  # rows of the longest value
 
     def add(self, encoded):
         for name, value in encoded.items():
             self.values[name].append(value)
             self.nbytes += value.nbytes
+        for name in self.longest:
+            self.longest[name] = max(self.longest[name], len(encoded[name]))
         self.num_samples += 1
 
     def finish(self):

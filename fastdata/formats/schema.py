@@ -123,6 +123,8 @@ _RECORDS = {  # a file of records of named fields (records.py): its fields are c
                "a list of field objects with names", True),
     "source": (_is(dict), "an object", False),
     "skipped": _DATASET["skipped"],
+    "longest": (lambda v: isinstance(v, dict) and all(map(_count, v.values())),
+                "an object of counts (each ragged field's longest value)", False),
 }
 _CONTAINER_KEYS = ("kind", "sample_shape", "sample_dtype")
 

@@ -27,6 +27,7 @@ from fastdata.formats.records import LENGTHS_SUFFIX, schema_of_metadata
 from fastdata.formats.shards import read_index, shard_mismatch
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
+from fastdata.loading.transport import TENSOR_ALIGN
 
 _NO_LABELS = np.empty(0, np.int64)  # the image decoders read Columns' samples and offsets only
 _GATHER_WIDTH = 96  # ragged rows up to this long are gathered at once: NOTE [short rows at once]
@@ -153,8 +154,29 @@ class RecordDataset(Dataset):
         return images
 
     def max_batch_bytes(self, batch_size, **options):
-        """None: a record batch crosses processes as torch pickles it (its ragged fields have no bound)."""
-        return None
+        """Return the most bytes of the tensors of a batch of ``batch_size`` (each aligned as a slot stores it).
+
+        Ragged fields are bounded by their longest value, which the writer records (``longest``); a file
+        without it returns None: its batches cross processes as torch pickles them. Text and JSON (lists)
+        travel beside the slot and count nothing.
+        """
+        longest, total = self.metadata.get("longest"), 0
+        for name, field in self._picked_schema().items():
+            if field.type in ("str", "bytes", "json"):
+                continue
+            if field.type == "image":
+                row = 3 * field.size[0] * field.size[1]
+            elif field.type in ("tokens", "ragged"):
+                if longest is None or name not in longest:
+                    return None
+                itemsize = 8 if field.type == "tokens" or field.dtype in _WIDENED else np.dtype(field.dtype).itemsize
+                row = longest[name] * int(np.prod(field.row_shape, dtype=np.int64)) * itemsize
+                total += batch_size * 8 + TENSOR_ALIGN  # its lengths
+            else:
+                row = int(np.prod(field.row_shape, dtype=np.int64)) * (8 if field.dtype in _WIDENED else
+                                                                      field.stored_dtype.itemsize)
+            total += batch_size * row + TENSOR_ALIGN
+        return total
 
 
 def _picked(fields, schema, path):

@@ -26,7 +26,7 @@ from torch.utils.data import get_worker_info
 from fastdata.reading.buffers import BufferPool
 
 _WAIT_SECONDS = 5.0  # then give up on slots for this batch and return it as is
-_ALIGN = 64  # each tensor starts on a cache line, so any dtype view is aligned
+TENSOR_ALIGN = _ALIGN = 64  # each tensor starts on a cache line, so any dtype view is aligned
 _MAX_TENSORS = 4  # alignment room per slot: a batch has 2 tensors (images, labels) or 3 (tokens, lengths, labels)
 _LIVE = weakref.WeakValueDictionary()  # key -> SharedSlots, in the main process
 _KEYS = itertools.count()
@@ -56,8 +56,22 @@ class SharedSlots:
     def __getstate__(self):  # workers get the shared tensors, not the main process's pool
         return {**self.__dict__, "unpacked": None}
 
-    def pack(self, tensors):
-        """In a worker: copy ``tensors`` into a free slot; return a SlotBatch, or ``tensors``."""
+    def pack(self, batch):
+        """In a worker: copy the tensors of ``batch`` into a free slot; return a SlotBatch, or ``batch``.
+
+        ``batch`` is a tuple of tensors, or a dict batch of records, whose values that are not tensors
+        (text, JSON) travel pickled beside the slot's name.
+        """
+        if isinstance(batch, dict):
+            names = [name for name, value in batch.items() if isinstance(value, torch.Tensor)]
+            packed = self._pack_tensors([batch[name] for name in names])
+            if isinstance(packed, SlotBatch):
+                packed.names, packed.rest = list(batch), {n: v for n, v in batch.items() if n not in names}
+                return packed
+            return batch
+        return self._pack_tensors(batch)
+
+    def _pack_tensors(self, tensors):
         info = get_worker_info()
         starts, end = _layout(tensors)
         if info is None or end > self.buffers.shape[2]:
@@ -88,9 +102,10 @@ class SlotBatch:
 
     def __init__(self, key, worker, slot, layout):
         self.key, self.worker, self.slot, self.layout = key, worker, slot, layout
+        self.names, self.rest = None, None  # a dict batch's keys in order, and its values that are not tensors
 
     def unpack(self, pin_memory=False):
-        """In the main process: copy the batch out as a tuple of tensors, free the slot."""
+        """In the main process: copy the batch out (a tuple of tensors, or a dict batch), free the slot."""
         slots = _LIVE[self.key]
         buffer = slots.buffers[self.worker, self.slot]
         out = []
@@ -103,7 +118,10 @@ class SlotBatch:
             tensor.copy_(_view(buffer, start, dtype, shape, strides))
             out.append(tensor)
         slots.busy[self.worker, self.slot] = 0
-        return tuple(out)
+        if self.names is None:
+            return tuple(out)
+        tensors = iter(out)
+        return {name: self.rest[name] if name in self.rest else next(tensors) for name in self.names}
 
     def pin_memory(self):
         # DataLoader's pin-memory thread calls this: copy straight into pinned memory.

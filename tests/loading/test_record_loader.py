@@ -64,6 +64,7 @@ def test_worker_processes_yield_the_same_batches(record_file):
     loader = make_loader(open_dataset(path), 8, shuffle=True, seed=5, num_workers=2)
     try:
         there = list(loader)
+        assert loader.dataset.slots is not None  # the writer's longest values bound a batch: shared slots
     finally:
         loader.close()
     assert _ids(there) == _ids(here)
@@ -184,3 +185,13 @@ def test_tune_times_a_record_file_and_bench_refuses_it_by_name(record_file, tmp_
         tuned.close()
     with pytest.raises(OptionError, match=r"pairs.arrow' holds records of named fields: `fastdata tune` times"):
         benchmark(copy)
+
+
+def test_a_batch_fits_the_bytes_its_dataset_promises(record_file):
+    dataset = open_dataset(record_file[0])
+    longest = dataset.metadata["longest"]
+    assert longest["tokens"] == 8 and longest["boxes"] == 4  # index % 9 ids, index % 5 boxes
+    for size in (1, 7, 53):
+        batch = dataset.read_batch(np.arange(size))
+        used = sum(value.numel() * value.element_size() for value in batch.values() if isinstance(value, torch.Tensor))
+        assert used <= dataset.max_batch_bytes(size)
