@@ -370,8 +370,11 @@ def open_dataset(
     if is_url(path):
         index = read_remote_index(path, storage_options)
         if index.metadata.get("kind") == RECORDS_KIND:
-            raise OptionError(f"{path!r} is a folder of records at a URL, which fastdata does not read yet: copy "
-                              "it to a local folder and open that")
+            if prefetch:
+                raise OptionError(f"prefetch={prefetch!r}: a folder of records at a URL fetches each shard on first "
+                                  "touch, none ahead yet (NOTE [records at a URL] in records.py); leave prefetch out")
+            return _record_dataset(path, fields, transform, index, storage_options=storage_options,
+                                   cache_dir=cache_dir, cache_limit=cache_limit)
     elif os.path.isdir(path):
         index = read_index(path)
         if index.metadata.get("kind") == RECORDS_KIND:
@@ -384,8 +387,8 @@ def open_dataset(
     return cls(path, transform=transform, max_open_shards=max_open_shards, index=index, **remote)
 
 
-def _record_dataset(path, fields, transform, index=None):
+def _record_dataset(path, fields, transform, index=None, **remote):
     if transform is not None:
         raise OptionError(f"transform applies to (sample, label) items; {os.fspath(path)!r} holds records of named "
                           "fields: transform the dicts it gives")
-    return RecordDataset(path, fields=fields, index=index)
+    return RecordDataset(path, fields=fields, index=index, **remote)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 
 import numpy as np
 import torch
@@ -28,10 +29,13 @@ from fastdata.formats.shards import read_index, shard_mismatch
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.transport import TENSOR_ALIGN
+from fastdata.storage.cache import ShardCache
+from fastdata.storage.urls import filesystem, is_url, read_remote_index
 
 _NO_LABELS = np.empty(0, np.int64)  # the image decoders read Columns' samples and offsets only
 _GATHER_WIDTH = 96  # ragged rows up to this long are gathered at once: NOTE [short rows at once]
 _WIDENED = ("uint16", "uint32", "uint64")  # read as int64: torch computes on these dtypes poorly
+_OPEN_AT_URL = 8  # shards a process keeps mapped of a folder at a URL: NOTE [records at a URL]
 
 
 class RecordDataset(Dataset):
@@ -50,13 +54,18 @@ class RecordDataset(Dataset):
     is_remote = False
     read_options = ("threads",)  # the image fields' copies and decodes
 
-    def __init__(self, path, fields=None, index=None):
+    def __init__(self, path, fields=None, index=None, *, storage_options=None, cache_dir=None, cache_limit=None):
         self.path = os.fspath(path)
-        if os.path.isdir(self.path):  # a shard folder: record files and index.json (NOTE [record shards])
-            self._index = index if index is not None else read_index(self.path)
+        self._cache = None  # a URL's ShardCache: see NOTE [records at a URL]
+        if is_url(self.path):
+            self._index = index if index is not None else read_remote_index(self.path, storage_options)
+            fs, _ = filesystem(self._index.root, storage_options)
+            self._cache = ShardCache(self._index, fs, cache_dir=cache_dir, cache_limit=cache_limit)
+        if self._cache is not None or os.path.isdir(self.path):  # a shard folder (NOTE [record shards])
+            self._index = index if index is not None else self._index if self._cache else read_index(self.path)
             self.format, self.metadata = self._index.container, self._index.metadata
             self.schema = schema_of_metadata(self.metadata, self.path)
-            self._files = [self._index.path(shard) for shard in range(self._index.num_shards)]
+            self._files = [self._index.path(shard) for shard in range(self._index.num_shards)]  # a URL's: remote
             self._starts = self._index.starts
         else:
             self._index, self.format = None, format_of(self.path)
@@ -64,7 +73,8 @@ class RecordDataset(Dataset):
             self._files, self._starts = [self.path], np.array([0, self.metadata["num_samples"]], np.int64)
         self.fields = _picked(fields, self.schema, self.path)
         self._num_samples = self.metadata["num_samples"]
-        self._identities = [_identity(path) for path in self._files]
+        self._identities = None if self._cache is not None else [_identity(path) for path in self._files]
+        self._recent = []  # a URL's open shards, least recently opened first
         self.fingerprint = _fingerprint(self.path, self.metadata, self._index)
         self._shards, self._decoders, self._pid = None, None, None
 
@@ -77,7 +87,7 @@ class RecordDataset(Dataset):
         return self._num_samples
 
     def __getstate__(self):
-        return {**self.__dict__, "_shards": None, "_decoders": None, "_pid": None}
+        return {**self.__dict__, "_shards": None, "_decoders": None, "_pid": None, "_recent": []}
 
     def _open(self, shard):
         """Return the picked columns of ``shard``, mapped in this process, checked against the file and the index.
@@ -86,14 +96,16 @@ class RecordDataset(Dataset):
             FormatError: the file changed since the dataset was made, or is not the shard the index lists.
         """
         path = self._files[shard]
-        if _identity(path) != self._identities[shard]:
+        if self._identities is not None and _identity(path) != self._identities[shard]:
             raise FormatError(f"{path!r} changed since it was opened (size, modification time or inode); a "
                               "packed file must not change while it is read: open it again (open_dataset)")
         if self._shards is None or self._pid != os.getpid():
-            self._shards, self._pid = [None] * len(self._files), os.getpid()
+            self._shards, self._pid, self._recent = [None] * len(self._files), os.getpid(), []
             self._decoders = _image_decoders(self.schema, self.fields, self.path)
+            if self._cache is not None:  # a forked worker: fsspec's async file systems are not fork-safe
+                self._cache.fs = pickle.loads(pickle.dumps(self._cache.fs))
         if self._shards[shard] is None:
-            columns, _, metadata = read_records(path)
+            columns, _, metadata = read_records(path) if self._cache is None else self._fetched(shard)
             if self._index is not None:
                 mismatch = shard_mismatch(self._index, shard, metadata)
                 if mismatch is None and metadata["fields"] != self.metadata["fields"]:
@@ -102,6 +114,27 @@ class RecordDataset(Dataset):
                     raise FormatError(f"{path!r} {mismatch}; restore the folder, or write it again")
             self._shards[shard] = {name: columns[name] for name in self.fields}
         return self._shards[shard]
+
+    def _fetched(self, shard):
+        """Return ``read_records`` of ``shard``'s verified copy in the cache, mapped; see NOTE [records at a URL].
+
+        NOTE [records at a URL]: a shard of a record folder at a URL is
+        fetched into the local ShardCache on first touch (verified against
+        the index), held while it is mapped, then released: its mapping
+        stays valid where the cache later evicts (unlinks) the copy, and the
+        bytes are the index's. At most _OPEN_AT_URL shards stay mapped per
+        process, least recently opened closed first, so the disk held by
+        evicted copies stays bounded. No shard is fetched ahead yet.
+        """
+        path = self._cache.hold(shard)
+        try:
+            found = read_records(path)
+        finally:
+            self._cache.release(shard)
+        self._recent.append(shard)
+        if len(self._recent) > _OPEN_AT_URL:
+            self._shards[self._recent.pop(0)] = None
+        return found
 
     def __getitem__(self, index):
         """Return record ``index`` as a dict: tensors for numbers, arrays and images; str, bytes or JSON values."""
