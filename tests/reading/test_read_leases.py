@@ -127,3 +127,23 @@ def test_a_process_whose_sigio_has_another_handler_reads_unguarded_and_says_why(
     ds = open_dataset(leased_sources["hdf5-raw"])
     ds.read_batch(np.arange(4))
     assert ds._store.unguarded() is None
+
+
+def test_a_read_refused_for_a_breaking_lease_releases_it_at_once(tmp_path):
+    # NOTE [a break during leave] in leases.py: the SIGIO handler, run inside leave() after it listed the shards to
+    # release, marks the lease breaking but cannot release it; the next read is refused and must release it, or the
+    # writer waits for the kernel's lease-break-time (45 s).
+    from fastdata.reading.leases import Leases
+
+    path = tmp_path / "leased.bin"
+    path.write_bytes(b"x" * 4096)
+    leases = Leases({0: str(path)})
+    leases.take(0, str(path))
+    if leases.unguarded is not None:
+        pytest.skip(leases.unguarded)
+    assert leases.enter() == {} and leases.leave() is None and 0 in leases._held  # a read keeps its lease
+    leases._broken[0] = str(path)  # what the handler leaves behind when it could not take the lock
+    assert leases.enter() == {0: str(path)}  # the read is refused...
+    assert 0 not in leases._held  # ...and the lease released: a writer goes on now
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # a leased file answers a non-blocking writer EAGAIN
+    os.close(fd)
