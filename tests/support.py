@@ -392,3 +392,13 @@ def descendants():
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def assert_same_batches(a, b):
+    """Assert that dict batches ``a`` and ``b`` hold the same keys, tensors (exactly) and lists."""
+    assert set(a) == set(b)
+    for name in a:
+        if isinstance(a[name], torch.Tensor):
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+        else:
+            assert a[name] == b[name]

@@ -72,7 +72,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
     """
     check_choice("on_error", on_error, ON_ERROR)
     folder = is_folder_output(out)
-    container_of(out, format)  # a bad format or an existing output fails before any work
+    container = container_of(out, format)  # a bad format or an existing output fails before any work
     check_output(os.path.abspath(os.fspath(out)), overwrite or (folder and os.path.isdir(out) and not os.listdir(out)),
                  folder)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -88,8 +88,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
     kept, skipped = _kept(encoded, on_error)
     metadata = {"kind": RECORDS_KIND, "num_samples": 0, "fields": schema_to_json(fields), "skipped": skipped,
                 **({"source": source} if source is not None else {})}
-    container = container_of(out, format)
-    if is_folder_output(out):
+    if folder:
         with staged_output(out, overwrite, folder=True) as (_, staged_root):
             count = _write_shards(staged_root, kept, fields, metadata, container, shard_size or DEFAULT_SHARD_BYTES)
     else:

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-import torch
+from support import assert_same_batches
 
 from fastdata import Field, OptionError, make_loader, open_dataset, write
 from fastdata.formats.shards import read_index
@@ -24,15 +24,6 @@ def remote_records(s3_server, tmp_path):
     return local, upload(local, s3_server.bucket() + "/records", s3_server.storage_options)
 
 
-def _assert_same(a, b):
-    assert set(a) == set(b)
-    for name in a:
-        if isinstance(a[name], torch.Tensor):
-            torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
-        else:
-            assert a[name] == b[name]
-
-
 def test_a_folder_at_a_url_reads_as_the_local_one_in_a_cache_of_two_shards(remote_records, s3_server, tmp_path):
     local, url = remote_records
     index = read_index(local)
@@ -43,14 +34,14 @@ def test_a_folder_at_a_url_reads_as_the_local_one_in_a_cache_of_two_shards(remot
     here = open_dataset(local)
     assert len(remote) == 300 and remote.fingerprint == here.fingerprint
     order = np.random.default_rng(0).permutation(300)
-    _assert_same(remote.read_batch(order), here.read_batch(order))
+    assert_same_batches(remote.read_batch(order), here.read_batch(order))
     loader = make_loader(remote, 32, shuffle=True, seed=1, num_workers=2)
     try:
         remote_batches = list(loader)
     finally:
         loader.close()
     for a, b in zip(remote_batches, make_loader(here, 32, shuffle=True, seed=1), strict=True):
-        _assert_same(a, b)
+        assert_same_batches(a, b)
     cached = sum(path.stat().st_size for path in (tmp_path / "cache").rglob("shard-*"))
     assert cached <= limit + index.sizes.max()  # the cache stayed within its limit (one shard over at most)
 

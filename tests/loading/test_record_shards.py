@@ -5,10 +5,9 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import folder_listing, overwrite
+from support import assert_same_batches, folder_listing, overwrite
 
 from fastdata import Field, FormatError, make_loader, open_dataset, write
 from fastdata.formats.shards import read_index
@@ -27,15 +26,6 @@ def _records(count, seed=0):
             for index in range(count)]
 
 
-def _assert_batches_equal(a, b):
-    assert set(a) == set(b)
-    for name in a:
-        if isinstance(a[name], torch.Tensor):
-            torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
-        else:
-            assert a[name] == b[name]
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(count=st.integers(1, 120), shard_size=st.integers(1, 6000), order=st.randoms(use_true_random=False),
        container=st.sampled_from(["hdf5", "arrow"]))
@@ -51,7 +41,7 @@ def test_a_folder_reads_every_record_as_one_file_of_them_does(tmp_path, count, s
     dataset, reference = open_dataset(folder), open_dataset(single)
     indices = list(range(count))
     order.shuffle(indices)
-    _assert_batches_equal(dataset.read_batch(indices), reference.read_batch(indices))
+    assert_same_batches(dataset.read_batch(indices), reference.read_batch(indices))
     assert dataset[count - 1]["id"] == count - 1
 
 
@@ -76,7 +66,7 @@ def test_the_loader_over_a_folder_yields_the_single_files_batches_with_workers_a
     finally:
         loader.close()
     for mine, theirs in zip(here, there, strict=True):
-        _assert_batches_equal(mine, theirs)
+        assert_same_batches(mine, theirs)
     resumed = make_loader(open_dataset(tmp_path / "folder"), 32, shuffle=True, seed=4)
     iterator = iter(resumed)
     next(iterator)
