@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 
+from fastdata.errors import FormatError
 from fastdata.formats import format_of, read_metadata, read_packed, read_records
 from fastdata.formats.records import RECORDS_KIND, schema_of_metadata
 from fastdata.formats.schema import check_dataset_fields
@@ -33,7 +34,7 @@ def describe(path, all_skipped=False):
         _, metadata = read_packed(path)  # checked: a damaged file is named here
         check_dataset_fields(metadata, os.fspath(path))  # every field printed below
         header = _file_lines(path, metadata)
-    return "\n".join(header + _dataset_lines(metadata, all_skipped))
+    return "\n".join(header + _dataset_lines(metadata, all_skipped, path))
 
 
 def _file_lines(path, metadata):
@@ -78,11 +79,12 @@ def _size_of(path):
         return None
 
 
-def _dataset_lines(metadata, all_skipped):
-    """Return the lines that describe the dataset: kind, samples, shapes, classes, settings, source, skips."""
+def _dataset_lines(metadata, all_skipped, path):
+    """Return the lines that describe the dataset: kind, samples, record fields, shapes, classes, source, skips."""
     lines = [
         f"kind:        {metadata['kind']}",
         f"samples:     {metadata['num_samples']}",
+        _record_view_line(metadata, path),
     ]
     if metadata["kind"] == "image":
         shape = "x".join(map(str, metadata["sample_shape"]))
@@ -102,6 +104,16 @@ def _dataset_lines(metadata, all_skipped):
     kinds = ", ".join(f"{_printable(kind)}: {count}" for kind, count in ignored.items())
     lines.append(f"ignored:     {sum(ignored.values())} files that are not inputs" + (f" ({kinds})" if kinds else ""))
     return lines + _skipped_lines(metadata, all_skipped)
+
+
+def _record_view_line(metadata, path):
+    """Return the line naming the fields RecordDataset reads a (sample, label) file as (NOTE [samples as records])."""
+    try:
+        fields = schema_of_metadata(metadata, path)
+    except FormatError as exc:
+        return f"as records:  none ({exc})"
+    return "as records:  " + ", ".join(f"{name} ({field.type})" for name, field in fields.items()) + \
+        " with fastdata.RecordDataset"
 
 
 def _skipped_lines(metadata, all_skipped):

@@ -304,10 +304,10 @@ def _verify_shard(report, index, shard, quick):
         return shard_report, None
     if index.metadata.get("kind") == RECORDS_KIND:  # a record shard: no labels, its fields as the index's
         metadata, labels = read_metadata(path), None
-        differ = [key for key in ("kind", "fields") if metadata.get(key) != index.metadata.get(key)]
     else:
         columns, metadata = read_packed(path, check=False)
-        differ, labels = shard_differences(metadata, index.metadata), np.asarray(columns.labels)
+        labels = np.asarray(columns.labels)
+    differ = shard_differences(metadata, index.metadata)
     if differ:
         message = (f"{name!r} differs from the dataset in {', '.join(differ)}: a shard of another conversion, "
                    "or the index edited")

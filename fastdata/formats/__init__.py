@@ -70,8 +70,10 @@ def read_metadata(path):
 def read_records(path):
     """Open a record file of either format; return ``({field name: FieldColumn}, {field name: Field}, metadata)``.
 
+    A (sample, label) file reads as the records of its implied schema (NOTE [samples as records] in records.py).
+
     Raises:
-        FormatError: the file is not a complete record file (a damaged one, or a (sample, label) file), naming it.
+        FormatError: the file is not a complete record file or (sample, label) file (a damaged one), naming it.
     """
     return _lookup(path)[6](path)
 

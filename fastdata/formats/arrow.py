@@ -28,6 +28,7 @@ from fastdata.formats.records import (
     FieldColumn,
     check_record_columns,
     refuse_records,
+    sample_records,
     schema_of_metadata,
     stored_record_columns,
 )
@@ -115,6 +116,11 @@ def read_arrow(path, check=True):
     """
     metadata, batch = _open_batch(path)
     refuse_records(metadata, path)
+    return _sample_columns(batch, metadata, path, check), metadata
+
+
+def _sample_columns(batch, metadata, path, check):
+    """Return the checked Columns of a (sample, label) file's record ``batch``; with ``check``, its values too."""
     if batch.schema.names != ["sample", "label"]:
         raise FormatError(f"{path!r}: unexpected columns {batch.schema.names}")
     try:
@@ -128,7 +134,7 @@ def read_arrow(path, check=True):
     check_columns(columns, metadata, path)
     if check:
         check_values(columns, metadata, path)
-    return columns, metadata
+    return columns
 
 
 def _open_batch(path):
@@ -253,13 +259,15 @@ def _rows_array(values, row_shape):
 def read_arrow_records(path):
     """Open a record Arrow file; return ``({field name: FieldColumn}, {field name: Field}, metadata)``, zero-copy.
 
+    A (sample, label) file reads as the records of its implied schema (NOTE [samples as records] in records.py).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        FormatError: the file is not a complete fastdata record file.
+        FormatError: the file is not a complete fastdata record file, or (sample, label) file.
     """
     metadata, batch = _open_batch(path)
     if metadata["kind"] != RECORDS_KIND:
-        raise FormatError(f"{path!r} holds {metadata['kind']} samples, not records of named fields")
+        return sample_records(_sample_columns(batch, metadata, path, check=True), metadata, path)
     fields = schema_of_metadata(metadata, path)
     n = metadata["num_samples"]
     columns = {}

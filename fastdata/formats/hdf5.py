@@ -33,6 +33,7 @@ from fastdata.formats.records import (
     FieldColumn,
     check_record_columns,
     refuse_records,
+    sample_records,
     schema_of_metadata,
     stored_record_columns,
 )
@@ -92,23 +93,26 @@ def write_hdf5_records(path, columns, metadata):
 def read_hdf5_records(path):
     """Open a record HDF5 file; return ``({field name: FieldColumn}, {field name: Field}, metadata)`` as memmaps.
 
+    A (sample, label) file reads as the records of its implied schema (NOTE [samples as records] in records.py).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        FormatError: the file is not a complete fastdata record file.
+        FormatError: the file is not a complete fastdata record file, or (sample, label) file.
     """
     path = os.fspath(path)
     fields = {}
 
     def names_of(f, metadata):
         if metadata["kind"] != RECORDS_KIND:
-            raise FormatError(f"{path!r} holds {metadata['kind']} samples, not records of named fields")
+            return _sample_names(f)
         fields.update(schema_of_metadata(metadata, path))
         return [name + suffix for name, field in fields.items()
                 for suffix in ("", *([OFFSETS_SUFFIX] if field.ragged else []))]
 
     metadata, layouts = _read_layouts(path, names_of)
-    file_size = os.path.getsize(path)
-    arrays = {name: _map(path, file_size, *layout) for name, layout in layouts.items()}
+    arrays = _mapped(path, layouts)
+    if metadata["kind"] != RECORDS_KIND:
+        return sample_records(_sample_columns(arrays, metadata, path, check=True), metadata, path)
     columns = {name: FieldColumn(arrays[name], arrays.get(name + OFFSETS_SUFFIX)) for name in fields}
     check_record_columns(columns, fields, metadata["num_samples"], path)
     return columns, fields, metadata
@@ -185,16 +189,30 @@ def read_hdf5(path, check=True):
 
     def names_of(f, metadata):
         refuse_records(metadata, path)
-        return ["samples", "labels"] + (["offsets"] if "offsets" in f else [])
+        return _sample_names(f)
 
     metadata, layouts = _read_layouts(path, names_of)
+    return _sample_columns(_mapped(path, layouts), metadata, path, check), metadata
+
+
+def _sample_names(f):
+    """Return the datasets of a (sample, label) file ``f``: samples, labels, and offsets where samples are ragged."""
+    return ["samples", "labels"] + (["offsets"] if "offsets" in f else [])
+
+
+def _mapped(path, layouts):
+    """Return ``{name: memmap}`` of the dataset ``layouts`` of the file at ``path``."""
     file_size = os.path.getsize(path)
-    arrays = {name: _map(path, file_size, *layout) for name, layout in layouts.items()}
+    return {name: _map(path, file_size, *layout) for name, layout in layouts.items()}
+
+
+def _sample_columns(arrays, metadata, path, check):
+    """Return the checked Columns of a (sample, label) file's mapped ``arrays``; with ``check``, its values too."""
     columns = Columns(arrays["samples"], arrays["labels"], arrays.get("offsets"))
     check_columns(columns, metadata, path)
     if check:
         check_values(columns, metadata, path)
-    return columns, metadata
+    return columns
 
 
 def read_hdf5_checksums(path):

@@ -22,6 +22,8 @@ Offsets are int64 ``[N + 1]``: record ``i`` is ``values[offsets[i]:offsets[i + 1
 The schema is a list of field objects (``{"name", "type", ...}``) in the
 file's JSON metadata, under ``fields``; both containers store every column
 named as above, with chunk checksums (NOTE [checksums] in layout.py).
+A (sample, label) file of the image or text converter reads as records too,
+of the schema its metadata implies (NOTE [samples as records]).
 """
 
 import re
@@ -30,9 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.errors import FormatError, OptionError
-from fastdata.formats.layout import bad_offset_samples, format_samples
+from fastdata.formats.layout import bad_offset_samples, format_samples, longest_sample
 
 RECORDS_KIND = "records"
+LABEL_FIELD = "label"  # a (sample, label) file's labels, read as records: NOTE [samples as records]
+SAMPLE_FIELDS = {"image": "image", "text": "tokens"}  # its samples' field, by the file's kind
 FIELD_TYPES = ("image", "tokens", "int", "float", "array", "ragged", "str", "bytes", "json")
 IMAGE_STORAGES = ("raw", "jpeg", "png")
 RESIZE_MODES = ("crop", "pad", "stretch")  # codecs.images.RESIZE_MODES: formats/ imports no codec
@@ -234,11 +238,15 @@ def schema_to_json(fields):
 
 
 def schema_of_metadata(metadata, path):
-    """Return ``{name: Field}`` stored in a record file's ``metadata``.
+    """Return ``{name: Field}`` of a file's ``metadata``: a record file's stored schema, or the implied one.
+
+    A (sample, label) file's schema is implied by its kind (NOTE [samples as records]).
 
     Raises:
-        FormatError: the stored fields are not a valid schema, naming ``path``.
+        FormatError: the stored fields are not a valid schema, or the samples have no record view, naming ``path``.
     """
+    if metadata.get("kind") != RECORDS_KIND:
+        return _implied_schema(metadata, path)
     stored = metadata.get("fields")
     if not isinstance(stored, list) or not all(isinstance(item, dict) and isinstance(item.get("name"), str)
                                                for item in stored):
@@ -249,6 +257,61 @@ def schema_of_metadata(metadata, path):
     except OptionError as exc:
         raise FormatError(f"{path!r}: its stored schema is not valid ({exc}); the file is damaged: re-write it") \
             from exc
+
+
+def _implied_schema(metadata, path):
+    """Return ``{name: Field}`` of the records a (sample, label) file holds; see NOTE [samples as records].
+
+    NOTE [samples as records]: the image converter stores ``samples`` (raw
+    uint8 ``[N, 3, H, W]``, or JPEG bytes + ``offsets``) and the text
+    converter token ids + ``offsets``, beside int64 ``labels``: exactly the
+    columns of an ``image`` field of the file's size and storage, of a
+    ``tokens`` field of the stored dtype, and of an ``int`` field whose names
+    are the classes. So such a file (format version 1 or 2) is read as records
+    of ``image`` (or ``tokens``) and ``label`` from its own columns, unchanged,
+    by the decoders that read its (sample, label) pairs: the same bytes, and
+    the file stays what it was for open_dataset and the converters.
+    """
+    kind, storage = metadata.get("kind"), metadata.get("storage")
+    classes = metadata.get("classes")
+    label = Field("int", names=None if classes is None else tuple(classes))
+    if kind == "image" and storage in ("raw", "jpeg"):
+        settings = metadata.get("preprocessing") or {}
+        sample = Field("image", size=tuple(metadata["sample_shape"][1:]), storage=storage,
+                       quality=settings.get("quality") if storage == "jpeg" else None, resize=settings.get("resize"))
+    elif kind == "text" and storage == "tokens":
+        sample = Field("tokens", dtype=metadata["sample_dtype"])
+    else:
+        raise FormatError(f"{path!r} holds {kind!r} samples stored as {storage!r}, which this fastdata does not read "
+                          "as records: upgrade fastdata, or read its (sample, label) pairs with fastdata.open_dataset")
+    try:
+        return make_schema({SAMPLE_FIELDS[kind]: sample, LABEL_FIELD: label})
+    except OptionError as exc:
+        raise FormatError(f"{path!r}: its metadata does not describe {kind} samples ({exc}); the file is damaged: "
+                          'convert the source again with "fastdata convert"') from exc
+
+
+def sample_records(columns, metadata, path):
+    """Return ``({field name: FieldColumn}, {field name: Field}, metadata)`` of a (sample, label) file's Columns.
+
+    The columns are the file's own (NOTE [samples as records]), checked against the implied schema.
+
+    Raises:
+        FormatError: the samples have no record view, or their columns are not of its shapes and dtypes.
+    """
+    fields = _implied_schema(metadata, path)
+    records = {SAMPLE_FIELDS[metadata["kind"]]: FieldColumn(columns.samples, columns.offsets),
+               LABEL_FIELD: FieldColumn(columns.labels)}
+    check_record_columns(records, fields, metadata["num_samples"], path)
+    return records, fields, metadata
+
+
+def longest_values(metadata):
+    """Return ``{ragged field: its longest value}`` that ``metadata`` records, or None (a file written without it)."""
+    if metadata.get("kind") == "text":  # a (sample, label) file's: its longest stored sample
+        longest = longest_sample(metadata)
+        return None if longest is None else {SAMPLE_FIELDS["text"]: int(longest)}
+    return metadata.get("longest")
 
 
 @dataclass(frozen=True, eq=False)

@@ -67,6 +67,7 @@ import numpy as np
 
 from fastdata.errors import FormatError, NotFoundError
 from fastdata.formats.layout import FORMAT_NAME, FORMAT_VERSION
+from fastdata.formats.records import RECORDS_KIND
 from fastdata.formats.schema import check_index_fields
 
 INDEX_NAME = "index.json"
@@ -92,9 +93,13 @@ def is_shard_folder(path):
 def shard_differences(shard_metadata, dataset_metadata):
     """Return the keys a reader needs alike (kind, storage, sample shape and dtype, classes) where a shard differs.
 
-    Classes are compared where the shard records them (NOTE [shard identity]).
+    Classes are compared where the shard records them (NOTE [shard identity]); a record dataset's shards
+    compare their kind and fields.
     """
-    keys = [*_SAME_IN_EVERY_SHARD, *(["classes"] if "classes" in shard_metadata else [])]
+    if dataset_metadata.get("kind") == RECORDS_KIND:
+        keys = ["kind", "fields"]
+    else:
+        keys = [*_SAME_IN_EVERY_SHARD, *(["classes"] if "classes" in shard_metadata else [])]
     return [key for key in keys if shard_metadata.get(key) != dataset_metadata.get(key)]
 
 

@@ -352,6 +352,7 @@ def open_dataset(
 
     A file of records written by ``fastdata.write`` gives a RecordDataset, whose
     items and batches are dicts; ``fields`` picks the fields it reads (default: all).
+    ``RecordDataset(path)`` reads a file of (sample, label) pairs as such records too.
 
     ``path`` may be the URL of a shard folder (``s3://...``, any fsspec URL):
     see PackedDataset for ``storage_options``, ``cache_dir``, ``cache_limit``
@@ -381,7 +382,8 @@ def open_dataset(
             return _record_dataset(path, fields, transform, index)
     if fields is not None:
         raise OptionError(f"fields= picks the fields of a record file (fastdata.write); {os.fspath(path)!r} holds "
-                          "(sample, label) pairs")
+                          f"(sample, label) pairs: read them as records with "
+                          f"fastdata.RecordDataset({os.fspath(path)!r}, fields=...)")
     container = format_of(path) if index is None else index.container
     cls = HDF5Dataset if container == "hdf5" else ArrowDataset
     return cls(path, transform=transform, max_open_shards=max_open_shards, index=index, **remote)

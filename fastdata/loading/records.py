@@ -1,5 +1,9 @@
 """RecordDataset: a file (or shard folder) of records of named fields, read as dicts and as dict batches.
 
+A (sample, label) file of the image or text converter opens as records too:
+``image`` (or ``tokens``) and ``label``, read from its own columns by the
+decoders its pairs are read with (NOTE [samples as records] in formats/records.py).
+
 A batch is one dict: fixed fields stacked (``int`` int64 ``[B]``, ``float``
 ``[B]``, ``array`` ``[B, *shape]``, images uint8 ``[B, 3, H, W]``, decoded
 per batch where stored encoded), ``tokens`` and ``ragged`` fields padded with
@@ -24,8 +28,8 @@ from torch.utils.data import Dataset
 
 from fastdata.errors import FormatError, OptionError
 from fastdata.formats import Columns, format_of, read_checksums, read_records
-from fastdata.formats.records import LENGTHS_SUFFIX, schema_of_metadata
-from fastdata.formats.shards import read_index, shard_mismatch
+from fastdata.formats.records import LENGTHS_SUFFIX, longest_values, schema_of_metadata
+from fastdata.formats.shards import read_index, shard_differences, shard_mismatch
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.transport import TENSOR_ALIGN
@@ -41,12 +45,15 @@ _OPEN_AT_URL = 8  # shards a process keeps mapped of a folder at a URL: NOTE [re
 class RecordDataset(Dataset):
     """Map-style view of a record file written by ``fastdata.write``: items are dicts.
 
+    A file (or shard folder) of (image, label) or (tokens, label) pairs written by ``fastdata convert``
+    reads as records of ``image`` (or ``tokens``) and ``label`` (NOTE [samples as records]).
+
     Args:
         path: a .h5, .hdf5 or .arrow record file, or a shard folder of them (NOTE [record shards]).
         fields: the names of the fields to read (default: all); the others are never touched.
 
     Raises:
-        FormatError: the file is not a complete record file.
+        FormatError: the file is not a complete record file or (sample, label) file.
         OptionError: ``fields`` names a field the file does not have.
     """
 
@@ -108,8 +115,9 @@ class RecordDataset(Dataset):
             columns, _, metadata = read_records(path) if self._cache is None else self._fetched(shard)
             if self._index is not None:
                 mismatch = shard_mismatch(self._index, shard, metadata)
-                if mismatch is None and metadata["fields"] != self.metadata["fields"]:
-                    mismatch = "holds other fields than the index says"
+                differ = shard_differences(metadata, self.metadata)
+                if mismatch is None and differ:
+                    mismatch = f"differs from the dataset in {', '.join(differ)}"
                 if mismatch is not None:
                     raise FormatError(f"{path!r} {mismatch}; restore the folder, or write it again")
             self._shards[shard] = {name: columns[name] for name in self.fields}
@@ -189,11 +197,11 @@ class RecordDataset(Dataset):
     def max_batch_bytes(self, batch_size, **options):
         """Return the most bytes of the tensors of a batch of ``batch_size`` (each aligned as a slot stores it).
 
-        Ragged fields are bounded by their longest value, which the writer records (``longest``); a file
-        without it returns None: its batches cross processes as torch pickles them. Text and JSON (lists)
-        travel beside the slot and count nothing.
+        Ragged fields are bounded by their longest value, which the writer records (``longest``; a text file of
+        pairs: ``lengths``); a file without it returns None: its batches cross processes as torch pickles them.
+        Text and JSON (lists) travel beside the slot and count nothing.
         """
-        longest, total = self.metadata.get("longest"), 0
+        longest, total = longest_values(self.metadata), 0
         for name, field in self._picked_schema().items():
             if field.type in ("str", "bytes", "json"):
                 continue
