@@ -210,7 +210,7 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
 
 def _image_field_options(command):
     """Add the options of a record source's image fields (--size, --storage, --quality, --resize) and its output's
-    (--format, --shard-size)."""
+    (--format, --shard-size, --resume, --part)."""
     options = [
         click.option("--size", default="64", show_default=True, help="Stored image size: N (square) or HxW."),
         click.option("--storage", type=click.Choice(IMAGE_STORAGES), default="raw", show_default=True,
@@ -222,14 +222,20 @@ def _image_field_options(command):
                      help="A shard folder OUT's container [default: hdf5]; a file's is its extension's."),
         click.option("--shard-size", type=_ByteSize(), default=None,
                      help="A shard folder OUT's bytes per shard (64MB, 256MiB...) [default: 64 MiB]."),
+        click.option("--resume", is_flag=True,
+                     help="A shard folder OUT: finish an interrupted conversion, keeping its intact shards; on a "
+                          "finished OUT, check every file and redo those missing or damaged."),
+        click.option("--part", default=None, metavar="I/N",
+                     help="A shard folder OUT: write only part I of N (shards k with k % N == I), reading every "
+                          "row; the last part to finish writes the index."),
     ]
     return functools.reduce(lambda command, option: option(command), reversed(options), command)
 
 
-def _write_records(convert, *args, size, workers, quiet, container, **options):
+def _write_records(convert, *args, size, workers, quiet, container, part, **options):
     """Run a record source's ``convert`` with the CLI's options and print its report."""
     report = convert(*args, size=_parse_size(size), workers=workers or 1, progress=not quiet, format=container,
-                     **options)
+                     part=_parse_part(part), **options)
     click.echo(str(report))
 
 
@@ -456,13 +462,18 @@ def index_command(root, storage_options):
     Names the shards that are not finished yet, if any.
     """
     from fastdata.converters.imageshards import shard_folder_metadata
+    from fastdata.converters.recordshards import record_folder_metadata
     from fastdata.converters.shards import index_shards
     from fastdata.converters.upload import remote_output
+    from fastdata.formats.records import RECORDS_KIND
+
+    def folder_metadata(plan, records):
+        return (record_folder_metadata if plan.get("kind") == RECORDS_KIND else shard_folder_metadata)(plan, records)
 
     remote = remote_output(root, _parse_storage_options(storage_options), folder=True)
     if remote is None and not os.path.isdir(root):
         raise NotFoundError(f"{root!r} is not a folder; give the shard folder the parts wrote")
-    metadata = index_shards(root if remote is None else remote.worker_root(), shard_folder_metadata, remote=remote)
+    metadata = index_shards(root if remote is None else remote.worker_root(), folder_metadata, remote=remote)
     click.echo(f"wrote {root.rstrip('/') or '/'}/index.json: {metadata['num_samples']} samples")
 
 

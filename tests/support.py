@@ -29,6 +29,16 @@ def folder_listing(folder):
     return sorted(names)
 
 
+def assert_same_files(folder, other):
+    """Assert two folders hold the same names and every file the same bytes (hidden ones included, locks aside)."""
+    names = [name for name in folder_listing(folder) if not name.endswith("lock")]
+    assert names == [name for name in folder_listing(other) if not name.endswith("lock")]
+    for name in names:
+        if os.path.isfile(os.path.join(folder, name)):
+            with open(os.path.join(folder, name), "rb") as mine, open(os.path.join(other, name), "rb") as theirs:
+                assert mine.read() == theirs.read(), name
+
+
 def write_random_png(path, rng, size=(12, 10)):
     """Write a small random RGB PNG (cheap, lossless) and return its pixels [H, W, 3]."""
     pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)

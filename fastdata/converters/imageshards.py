@@ -19,7 +19,7 @@ from fastdata.converters.report import ConversionReport, handle_bad_input
 from fastdata.converters.shardfolder import open_shard_folder
 from fastdata.converters.shards import (
     DEFAULT_SHARD_BYTES,
-    disk_full,
+    check_part,
     index_shards,
     label_runs,
     part_tasks,
@@ -54,10 +54,7 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
         raise OptionError(f"the shard folder {os.fspath(out)!r} is inside the source {os.fspath(src)!r}, where it "
                           "would become a class; choose a folder outside it")
     samples_per_shard(shard_size, 1)  # check both before any work
-    part_tasks(0, part)
-    if part is not None and overwrite:
-        raise OptionError("overwrite would remove the shards of the other parts as they run; empty the folder "
-                          "once, then start the parts without --overwrite")
+    check_part(part, overwrite)
     settings = _settings(src, found, spec, storage, quality, container, shard_size)
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,
                            part=part, remote=remote) as folder:
@@ -73,15 +70,9 @@ def convert_to_shards(src, out, found, spec, storage, quality, on_error, started
         todo = [k for k in numbers if folder.kept_record(k, int(bounds[k]), int(bounds[k + 1])) is None]
         tasks = [_task(folder, k, bounds, src, found, spec, storage, quality, on_error) for k in todo]
         # Write the missing shards, each with its record.
-        try:
+        with folder.writing(todo):
             records = run_tasks(_write_image_shard, tasks, np.diff(bounds)[todo], executor=executor,
                                 workers=workers, progress=progress, unit="img")
-        except BaseException as exc:
-            folder.remove_partials(todo)
-            full = disk_full(exc, folder.root)
-            if full is None:
-                raise
-            raise full from exc
         _warn_skipped(records, on_error)
         # Tie the shards together once every task is done (by any part).
         metadata = index_shards(folder.root, shard_folder_metadata, missing_ok=part is not None, remote=remote)

@@ -80,6 +80,52 @@ def run_tasks(fn, tasks, sizes, *, executor=None, workers=None, progress=True, u
             stop_pool(pool)  # a stopped conversion does not wait for its shards
 
 
+def streamed_tasks(fn, tasks, *, executor=None, workers=1, ahead=2):
+    """Yield ``fn(task)`` for each of the iterable ``tasks``, in their order, however they are run.
+
+    Tasks run in this process (``workers`` 1 and no executor), on a local pool
+    of ``workers`` processes, or on ``executor`` (a ``concurrent.futures``
+    executor or a ``dask.distributed`` Client). At most ``ahead`` tasks per
+    worker (per Dask thread) are taken from ``tasks`` before the oldest one's
+    result is yielded, so a stream of tasks is never held whole.
+    """
+    if workers < 1:
+        raise OptionError(f"workers should be a positive integer, got workers={workers}")
+    slots = workers
+    if hasattr(executor, "get_executor"):  # a dask.distributed Client
+        slots = max(1, sum(executor.nthreads().values()))
+        executor = executor.get_executor()
+    if executor is None and workers == 1:
+        with SignalWatch() as watch:  # see NOTE [swallowed signals]
+            for task in tasks:
+                yield fn(task)
+                watch.reraise()
+        return
+    pool = None
+    if executor is None:
+        pool = executor = start_pool(workers)
+    pending, finished = deque(), False
+    try:
+        for task in tasks:
+            pending.append(executor.submit(fn, task))
+            if len(pending) >= ahead * slots:
+                yield _result(pending.popleft())
+        while pending:
+            yield _result(pending.popleft())
+        finished = True
+    except BrokenProcessPool as exc:
+        raise FastdataError("a conversion worker process died (killed, or out of memory); the finished shards "
+                            "are kept. Run again with --resume (resume=True), with fewer workers if memory is "
+                            "short.") from exc
+    finally:
+        for future in pending:
+            future.cancel()
+        if pool is not None and finished:
+            pool.shutdown(wait=True)
+        elif pool is not None:  # left early: no wait for running tasks
+            stop_pool(pool)
+
+
 def _run_here(fn, tasks, sizes, bar):
     """Run the tasks in this process; a SIGINT or SIGTERM that h5py swallowed stops after the task it hit.
 

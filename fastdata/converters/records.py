@@ -1,11 +1,11 @@
-"""fastdata.write(): any iterable of dicts -> one packed file of records of named fields.
+"""fastdata.write(): any iterable of dicts -> one packed file of records of named fields, or a shard folder.
 
 The schema is given (``{name: type name | Field}``) or taken from the first
 record (fieldvalues.infer_field). Each record is checked against it whole
 before any of its values is kept: a record that lacks a field, has one the
 schema does not, or holds a value that does not fit is reported by its index
 and the field's name (``on_error``), never stored in part. The file appears
-only once complete (staging.py).
+only once complete (staging.py); a shard folder is recordshards.py's.
 """
 
 import itertools
@@ -15,25 +15,24 @@ import time
 import warnings
 from functools import partial
 
-import numpy as np
-
-from fastdata.converters.fieldvalues import Mismatch, encode, infer_field
-from fastdata.converters.parallel import ordered_map, run_tasks
+from fastdata.converters.fieldvalues import Mismatch, infer_field
+from fastdata.converters.parallel import ProgressBar, streamed_tasks
+from fastdata.converters.recordshards import write_record_shards
+from fastdata.converters.recordvalues import RecordColumns, encoded_or_mismatch, made_record
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice
-from fastdata.converters.shards import DEFAULT_SHARD_BYTES, container_of, is_folder_output
+from fastdata.converters.shards import container_of, is_folder_output
 from fastdata.converters.staging import check_output, staged_output
 from fastdata.errors import OptionError, SampleError
 from fastdata.formats import write_records
-from fastdata.formats.records import RECORDS_KIND, FieldColumn, make_schema, schema_to_json
-from fastdata.formats.shards import conversion_id, file_checksum, shard_name, write_index
+from fastdata.formats.records import RECORDS_KIND, make_schema, schema_to_json
 
 _INFERRED_FROM = 64  # records looked at for the type of a field whose first values are None or empty
-_TASK_RECORDS = 256  # inputs per task on an executor: see NOTE [records on workers]
+_TASK_RECORDS = 256  # inputs per task of a single file: see NOTE [records on workers]
 
 
 def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
-          progress=False, source=None, shard_size=None, format=None):
-    """Write ``records`` (an iterable of dicts) to the packed file ``out`` (.h5, .hdf5 or .arrow).
+          progress=False, source=None, shard_size=None, format=None, resume=False, part=None):
+    """Write ``records`` (an iterable of dicts) to the packed file ``out`` (.h5, .hdf5 or .arrow), or shard folder.
 
     Args:
         records: dicts of field name -> value, one per record, every one with the same fields; with
@@ -56,6 +55,11 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         source: a JSON object describing where the records came from, kept in the file's metadata.
         shard_size: a shard folder's bytes per shard (see NOTE [record shards]).
         format: a shard folder's container, "hdf5" (default) or "arrow".
+        resume: a shard folder: finish an interrupted conversion of the same records, keeping its intact
+            shards; on a finished folder, redo the files missing or damaged.
+        part: a shard folder: ``(i, n)`` writes only the shards ``k`` with ``k % n == i``, so n processes
+            (or machines sharing the folder) convert one set together, each reading every record but
+            encoding only its own; the last part to finish writes the index (or ``fastdata index OUT``).
 
     Returns:
         ConversionReport: the records written and every record left out, with why.
@@ -69,12 +73,16 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         ...                schema={"image": Field("image", size=(64, 64), storage="jpeg"), "caption": "str",
         ...                        "label": "int"})
         >>> fastdata.write(paths, "photos.arrow", fn=load_record, workers=8)  # load_record(path) -> dict
+        >>> fastdata.write(paths, "photos/", fn=load_record, part=(0, 4), resume=True)  # one of 4 machines
     """
     check_choice("on_error", on_error, ON_ERROR)
     folder = is_folder_output(out)
     container = container_of(out, format)  # a bad format or an existing output fails before any work
-    check_output(os.path.abspath(os.fspath(out)), overwrite or (folder and os.path.isdir(out) and not os.listdir(out)),
-                 folder)
+    if not folder and (resume or part is not None):
+        raise OptionError(f"resume and part need a shard folder, not the file {os.fspath(out)!r}; give a folder "
+                          "name (without .h5, .hdf5 or .arrow) to write shards")
+    if not folder:
+        check_output(os.path.abspath(os.fspath(out)), overwrite)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise OptionError(f"workers should be a positive integer, got workers={workers!r}")
     if workers > 1 or executor is not None:
@@ -82,93 +90,33 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
     started = time.perf_counter()
     inputs = iter(records)
     head = list(itertools.islice(inputs, _INFERRED_FROM))  # made here: they tell the schema
-    made = [_made(fn, item) for item in head]
+    made = [made_record(fn, item) for item in head]
     fields = make_schema(schema) if schema is not None else _told_schema(made)
-    encoded = _all_encoded(fields, fn, made, inputs, workers, executor, progress)
-    kept, skipped = _kept(encoded, on_error)
-    metadata = {"kind": RECORDS_KIND, "num_samples": 0, "fields": schema_to_json(fields), "skipped": skipped,
+    metadata = {"kind": RECORDS_KIND, "fields": schema_to_json(fields),
                 **({"source": source} if source is not None else {})}
+    total = len(records) if hasattr(records, "__len__") else None
     if folder:
-        with staged_output(out, overwrite, folder=True) as (_, staged_root):
-            count = _write_shards(staged_root, kept, fields, metadata, container, shard_size or DEFAULT_SHARD_BYTES)
-    else:
-        columns = _Columns(fields)
-        for _, values in kept:
-            columns.add(values)
-        count = metadata["num_samples"] = columns.num_samples
-        metadata["longest"] = columns.longest
-        with staged_output(out, overwrite) as (_, staged_path):
-            write_records(staged_path, columns.finish(), metadata, fields)
-    return ConversionReport(os.fspath(out), count, [(item["path"], item["reason"]) for item in skipped],
-                            time.perf_counter() - started, "record")
-
-
-def _kept(encoded, on_error):
-    """Return ``(an iterator of (input index, encoded values) of the records kept, the list of those left out)``.
-
-    The list fills as the iterator is consumed: each record left out is applied ``on_error`` to then.
-    """
+        written = write_record_shards(
+            out, inputs, head, made, fields, metadata, fn=fn, container=container, shard_size=shard_size,
+            on_error=on_error, overwrite=overwrite, resume=resume, part=part, workers=workers, executor=executor,
+            progress=progress, total=total, warn=partial(_bad_record, on_error=on_error))
+        return ConversionReport(os.fspath(out), written.metadata["num_samples"],
+                                [(item["path"], item["reason"]) for item in written.metadata["skipped"]],
+                                time.perf_counter() - started, "record", finished=written.finished,
+                                redone=list(written.redone))
     skipped = []
-
-    def kept():
-        for index, values in enumerate(encoded):
-            if isinstance(values, Mismatch):
-                _bad_record(index, str(values), on_error)
-                skipped.append({"path": f"record {index}", "reason": str(values)})
-            else:
-                yield index, values
-
-    return kept(), skipped
-
-
-def _write_shards(root, kept, fields, metadata, container, shard_bytes):
-    """Write the records of ``kept`` into shards of about ``shard_bytes`` in ``root``, then index.json; return how many.
-
-    NOTE [record shards]: a shard is cut once its encoded values reach
-    ``shard_bytes``, in input order, so the shards are the same for any
-    number of workers; only one shard's values are held at a time (besides
-    the chunks local workers have in flight; an executor's results are
-    gathered first: NOTE [records on workers]). Each shard is a record file whose ``shard`` records the conversion id (a
-    digest of the schema, container and shard size), its number and its
-    inputs (NOTE [shard identity] in formats/shards.py).
-    """
-    settings = {"fields": metadata["fields"], "container": container, "shard_size": shard_bytes}
-    conversion = conversion_id(settings)
-    shards, columns, first, count, longest = [], _Columns(fields), 0, 0, {}
-
-    def flush(stop):
-        number = len(shards)
-        name = shard_name(number, container)
-        own = {**metadata, "num_samples": columns.num_samples, "skipped": [], "longest": dict(columns.longest),
-               "shard": {"conversion": conversion, "number": number, "inputs": [first, stop]}}
-        longest.update({key: max(longest.get(key, 0), value) for key, value in columns.longest.items()})
-        path = os.path.join(root, name)
-        write_records(path, columns.finish(), own, fields)
-        shards.append({"name": name, "num_samples": own["num_samples"], "bytes": os.path.getsize(path),
-                       "crc32": file_checksum(path), "number": number, "inputs": [first, stop]})
-
-    index = -1
-    for index, values in kept:
-        columns.add(values)
-        count += 1
-        if columns.nbytes >= shard_bytes:
-            flush(index + 1)
-            columns, first = _Columns(fields), index + 1
-    if columns.num_samples or not shards:
-        flush(index + 1 if index >= 0 else 0)
-    metadata.update(num_samples=count, longest=longest)
-    write_index(root, container, metadata, settings, shards, conversion=conversion)
-    return count
-
-
-def _made(fn, item):
-    """Return ``fn(item)`` (``item`` itself without ``fn``); a Mismatch where ``fn`` raises."""
-    if fn is None:
-        return item
-    try:
-        return fn(item)
-    except Exception as exc:  # an input fn cannot use is a record that does not fit: on_error decides
-        return Mismatch(f"fn raised {type(exc).__name__}: {exc}")
+    columns = RecordColumns(fields)
+    for index, values in enumerate(_all_encoded(fields, fn, made, inputs, workers, executor, progress, total)):
+        if isinstance(values, Mismatch):
+            _bad_record(index, str(values), on_error)
+            skipped.append({"path": f"record {index}", "reason": str(values)})
+        else:
+            columns.add(values)
+    metadata.update(num_samples=columns.num_samples, skipped=skipped, longest=columns.longest)
+    with staged_output(out, overwrite) as (_, staged_path):
+        write_records(staged_path, columns.finish(), metadata, fields)
+    return ConversionReport(os.fspath(out), columns.num_samples, [(item["path"], item["reason"]) for item in skipped],
+                            time.perf_counter() - started, "record")
 
 
 def _told_schema(head):
@@ -187,51 +135,29 @@ def _told_schema(head):
     return make_schema(fields)
 
 
-def _all_encoded(fields, fn, made, inputs, workers, executor, progress):
-    """Yield each record's encoded values (or its Mismatch), in input order: the first ones here, the rest on workers.
+def _all_encoded(fields, fn, made, inputs, workers, executor, progress, total):
+    """Yield each record's encoded values (or its Mismatch), in input order: the first ones here, the rest in tasks.
 
     NOTE [records on workers]: a record's encoding (decoding, resizing and
     compressing its images) depends on the record alone, so it runs on any
     process and the results are put back in input order: the file is the
-    same for any ``workers`` or executor. Local workers stream them in
-    order (converters.parallel.ordered_map: a few chunks in flight per
-    worker), so a shard folder holds one shard's values at a time; an
-    executor (Dask) runs tasks of _TASK_RECORDS inputs and its results are
-    gathered whole before they are written.
+    same for any ``workers`` or executor. The inputs go out in tasks of
+    _TASK_RECORDS, a few in flight per worker (converters.parallel.streamed_tasks),
+    so neither the inputs nor their values are ever all held before the file is
+    written. A shard folder's tasks are whole shards instead (NOTE [record shards]).
     """
-    yield from (_encoded_or_mismatch(record, fields) for record in made)
-    if workers == 1 and executor is None:
-        yield from (_encode_one(fn, fields, item) for item in inputs)
-        return
-    rest = list(inputs)
-    if executor is None:
-        yield from ordered_map(partial(_encode_one, fn, fields), rest, workers=workers, progress=progress,
-                               unit="record")
-        return
-    tasks = [(fn, fields, rest[start : start + _TASK_RECORDS]) for start in range(0, len(rest), _TASK_RECORDS)]
-    results = run_tasks(_encode_task, [(number, task) for number, task in enumerate(tasks)],
-                        [len(task[2]) for task in tasks], executor=executor, workers=workers, progress=progress,
-                        unit="record")
-    for _, encoded in sorted(results, key=lambda result: result[0]):
-        yield from encoded
+    yield from (encoded_or_mismatch(record, fields) for record in made)
+    chunks = iter(lambda: list(itertools.islice(inputs, _TASK_RECORDS)), [])
+    with ProgressBar(total=total, initial=len(made), unit="record", disable=None if progress else True,
+                     dynamic_ncols=True) as bar:
+        for encoded in streamed_tasks(partial(_encode_chunk, fn, fields), chunks, executor=executor,
+                                      workers=workers):
+            yield from encoded
+            bar.update(len(encoded))
 
 
-def _encode_task(numbered):
-    number, (fn, fields, items) = numbered
-    return number, [_encode_one(fn, fields, item) for item in items]
-
-
-def _encode_one(fn, fields, item):
-    return _encoded_or_mismatch(_made(fn, item), fields)
-
-
-def _encoded_or_mismatch(record, fields):
-    if isinstance(record, Mismatch):
-        return record
-    try:
-        return _encoded(record, fields)
-    except Mismatch as exc:
-        return exc
+def _encode_chunk(fn, fields, items):
+    return [encoded_or_mismatch(made_record(fn, item), fields) for item in items]
 
 
 def _check_picklable(fn):
@@ -253,56 +179,3 @@ def _bad_record(index, reason, on_error):
 
 def _tells(value):
     return value is not None and not (isinstance(value, (list, tuple)) and not value)
-
-
-def _encoded(record, fields):
-    """Return ``{name: stored value}`` of ``record``; Mismatch naming the field that does not fit."""
-    if not isinstance(record, dict):
-        raise Mismatch(f"should be a dict of field name -> value, got {type(record).__name__}")
-    missing = [name for name in fields if name not in record]
-    extra = [name for name in record if name not in fields]
-    if missing or extra:
-        raise Mismatch("; ".join(
-            ([f"lacks field(s) {', '.join(map(repr, missing))}"] if missing else [])
-            + ([f"has field(s) {', '.join(map(repr, extra))} the schema does not (add them to the schema, or "
-                "leave them out of the records)"] if extra else [])))
-    encoded = {}
-    for name, field in fields.items():
-        try:
-            encoded[name] = encode(field, record[name])
-        except Mismatch as exc:
-            raise Mismatch(f"field {name!r} ({field.type}) {exc}") from exc
-    return encoded
-
-
-class _Columns:
-    """The stored values of every field, gathered record by record, joined into FieldColumns at the end."""
-
-    def __init__(self, fields):
-        self.fields = fields
-        self.values = {name: [] for name in fields}
-        self.num_samples = self.nbytes = 0
-        self.longest = {name: 0 for name, field in fields.items() if field.ragged}  # rows of the longest value
-
-    def add(self, encoded):
-        for name, value in encoded.items():
-            self.values[name].append(value)
-            self.nbytes += value.nbytes
-        for name in self.longest:
-            self.longest[name] = max(self.longest[name], len(encoded[name]))
-        self.num_samples += 1
-
-    def finish(self):
-        """Return ``{name: FieldColumn}``; the gathered values are released as each column is joined."""
-        columns = {}
-        for name, field in self.fields.items():
-            parts, self.values[name] = self.values[name], []
-            empty = np.empty((0, *field.row_shape), field.stored_dtype)
-            if not field.ragged:
-                columns[name] = FieldColumn(np.stack(parts) if parts else empty)
-                continue
-            offsets = np.zeros(len(parts) + 1, np.int64)
-            np.cumsum([len(part) for part in parts], out=offsets[1:])
-            values = np.concatenate(parts) if parts else empty
-            columns[name] = FieldColumn(values.astype(field.stored_dtype, copy=False), offsets)
-        return columns

@@ -17,6 +17,7 @@ from fastdata.converters.shards import (
     STATE_FOLDER,
     damaged_files,
     describe_damage,
+    disk_full,
     file_damage,
     read_json,
     record_path,
@@ -114,6 +115,19 @@ class ShardFolder:
                 if (match and (wanted is None or int(match[1]) in wanted)) or (
                         wanted is None and name.endswith(".partial")):
                     remove_path(os.path.join(folder, name))
+
+    @contextmanager
+    def writing(self, numbers):
+        """Run tasks ``numbers`` (a list that may grow as tasks start): if they stop with an error, their partial
+        shards are removed, and a full disk is a FastdataError saying to free space and resume."""
+        try:
+            yield
+        except BaseException as exc:
+            self.remove_partials(numbers)
+            full = disk_full(exc, self.root)
+            if full is None:
+                raise
+            raise full from exc
 
     def _clear(self):
         """Remove a previous conversion: the index first, so nothing half-removed looks finished."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from fastdata.converters.staging import DISK_FULL_ERRNOS, process_owner
 from fastdata.errors import FastdataError, NotFoundError, OptionError
-from fastdata.formats import format_of, write_packed
+from fastdata.formats import format_of, write_packed, write_records
 from fastdata.formats.shards import (
     CONTAINER_EXTENSIONS,
     INDEX_NAME,
@@ -89,6 +89,14 @@ def task_bounds(num_inputs, per_shard):
     return np.append(np.arange(0, num_inputs, per_shard, dtype=np.int64), np.int64(num_inputs))
 
 
+def check_part(part, overwrite):
+    """Refuse a bad ``part`` (see part_tasks), and ``overwrite`` with a part."""
+    part_tasks(0, part)
+    if part is not None and overwrite:
+        raise OptionError("overwrite would remove the shards of the other parts as they run; empty the folder "
+                          "once, then start the parts without --overwrite")
+
+
 def part_tasks(num_tasks, part):
     """Return the task numbers that ``part=(i, n)`` runs: each ``k`` with ``k % n == i`` (all for None)."""
     if part is None:
@@ -102,8 +110,11 @@ def part_tasks(num_tasks, part):
 # ---------------------------------------------------------------- in a worker: one shard, written straight
 
 
-def write_shard(root, number, container, columns, metadata):
+def write_shard(root, number, container, columns, metadata, fields=None):
     """Write shard ``number`` of ``root`` under a hidden name, flush it to disk, rename it; return its facts.
+
+    ``columns``: the Columns of (sample, label) pairs, or with ``fields`` (a record schema) the record
+    columns ``{name: FieldColumn}``.
 
     Returns:
         ``{"name", "bytes", "crc32"}`` of the finished file.
@@ -113,7 +124,10 @@ def write_shard(root, number, container, columns, metadata):
     host, pid, start = process_owner(os.getpid())
     partial = os.path.join(root, f".{name[: -len(ext)]}.{host}-{pid}-{start}.partial{ext}")
     try:
-        write_packed(partial, columns, metadata)
+        if fields is None:
+            write_packed(partial, columns, metadata)
+        else:
+            write_records(partial, columns, metadata, fields)
         with open(partial, "rb+") as f:
             os.fsync(f.fileno())
         facts = {"name": name, "bytes": os.path.getsize(partial), "crc32": file_checksum(partial)}
@@ -296,6 +310,11 @@ def index_shards(root, metadata_of, missing_ok=False, remote=None):
 
 def _finished_records(where, plan, record_of, complete, missing_ok):
     """Return every task's record, in task order; None (``missing_ok``) or FastdataError if some are missing."""
+    if "num_inputs" not in plan:  # a record conversion still reading its inputs (NOTE [record shards])
+        if missing_ok:
+            return None
+        raise FastdataError(f"{where!r}: no part of its conversion has read all its inputs yet; run the "
+                            "conversion (or its parts) again with --resume")
     bounds = task_bounds(plan["num_inputs"], plan["samples_per_shard"])
     records, missing = [], []
     for number in range(len(bounds) - 1):
