@@ -134,6 +134,16 @@ class PackedDataset(BatchReads, Dataset):
         return self._store.is_remote
 
     @property
+    def shard_index(self):
+        """The ShardIndex of the files behind the dataset (one entry for a file)."""
+        return self._store.index
+
+    @property
+    def shard_source(self):
+        """Where the store's files come from: LocalShards, or a URL's CachedShards (reading/sources.py)."""
+        return self._store.source
+
+    @property
     def num_shards(self):
         """Number of packed files behind the dataset: 1 for a file."""
         return self._store.index.num_shards
@@ -371,11 +381,7 @@ def open_dataset(
     if is_url(path):
         index = read_remote_index(path, storage_options)
         if index.metadata.get("kind") == RECORDS_KIND:
-            if prefetch:
-                raise OptionError(f"prefetch={prefetch!r}: a folder of records at a URL fetches each shard on first "
-                                  "touch, none ahead yet (NOTE [records at a URL] in records.py); leave prefetch out")
-            return _record_dataset(path, fields, transform, index, storage_options=storage_options,
-                                   cache_dir=cache_dir, cache_limit=cache_limit)
+            return _record_dataset(path, fields, transform, index, **remote)
     elif os.path.isdir(path):
         index = read_index(path)
         if index.metadata.get("kind") == RECORDS_KIND:

@@ -214,7 +214,7 @@ def make_loader(
                      "world_size": world_size, "block_size": block_size, "window": window}
     readahead = None  # see NOTE [one read-ahead] in state.py
     if batch_sampler is None:
-        remote = isinstance(dataset, PackedDataset) and dataset.is_remote
+        remote = getattr(dataset, "is_remote", False)
         fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"  # the page cache
         sampler = _index_sampler(dataset, batch_size, seed, **order_options, remote=remote, fits=fits)
         readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=num_workers == 0)
@@ -251,8 +251,8 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     shuffle = _shuffle_mode(shuffle, fits and not remote, group)
     if shuffle == "block" and None in (block_size, window):
         chosen = True
-        if not isinstance(dataset, PackedDataset):
-            raise OptionError(f"shuffle='block' over a {type(dataset).__name__} needs block_size and window")
+        if not isinstance(dataset, PackedDataset) and not remote:
+            raise OptionError(f"shuffle='block' over a local {type(dataset).__name__} needs block_size and window")
         default_size, default_window = _default_block_settings(dataset, remote, group)
         block_size, window = block_size or default_size, window or default_window
     sampler = BatchIndexSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,

@@ -33,8 +33,8 @@ from fastdata.formats.shards import read_index, shard_differences, shard_mismatc
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.transport import TENSOR_ALIGN
-from fastdata.storage.cache import ShardCache
-from fastdata.storage.urls import filesystem, is_url, read_remote_index
+from fastdata.reading.remote import cached_shards, check_prefetch
+from fastdata.storage.urls import is_url, read_remote_index
 
 _NO_LABELS = np.empty(0, np.int64)  # the image decoders read Columns' samples and offsets only
 _GATHER_WIDTH = 96  # ragged rows up to this long are gathered at once: NOTE [short rows at once]
@@ -49,8 +49,10 @@ class RecordDataset(Dataset):
     reads as records of ``image`` (or ``tokens``) and ``label`` (NOTE [samples as records]).
 
     Args:
-        path: a .h5, .hdf5 or .arrow record file, or a shard folder of them (NOTE [record shards]).
+        path: a .h5, .hdf5 or .arrow record file, or a shard folder of them (NOTE [record shards]), or
+            the URL of such a folder (NOTE [records at a URL]).
         fields: the names of the fields to read (default: all); the others are never touched.
+        storage_options, cache_dir, cache_limit, prefetch: a URL's, as PackedDataset's.
 
     Raises:
         FormatError: the file is not a complete record file or (sample, label) file.
@@ -58,18 +60,21 @@ class RecordDataset(Dataset):
     """
 
     kind = "records"
-    is_remote = False
     read_options = ("threads",)  # the image fields' copies and decodes
 
-    def __init__(self, path, fields=None, index=None, *, storage_options=None, cache_dir=None, cache_limit=None):
+    def __init__(self, path, fields=None, index=None, *, storage_options=None, cache_dir=None, cache_limit=None,
+                 prefetch=None):
         self.path = os.fspath(path)
-        self._cache = None  # a URL's ShardCache: see NOTE [records at a URL]
-        if is_url(self.path):
+        self.is_remote, self.prefetch = is_url(self.path), prefetch
+        self._source = None  # a URL's CachedShards: see NOTE [records at a URL]
+        if self.is_remote:
+            check_prefetch(prefetch)
             self._index = index if index is not None else read_remote_index(self.path, storage_options)
-            fs, _ = filesystem(self._index.root, storage_options)
-            self._cache = ShardCache(self._index, fs, cache_dir=cache_dir, cache_limit=cache_limit)
-        if self._cache is not None or os.path.isdir(self.path):  # a shard folder (NOTE [record shards])
-            self._index = index if index is not None else self._index if self._cache else read_index(self.path)
+            self._source = cached_shards(self._index, storage_options, cache_dir, cache_limit)
+        elif (storage_options, cache_dir, cache_limit, prefetch) != (None,) * 4:
+            raise OptionError(f"storage_options, cache_dir, cache_limit and prefetch apply to URLs, not {self.path!r}")
+        if self.is_remote or os.path.isdir(self.path):  # a shard folder (NOTE [record shards])
+            self._index = index if index is not None else self._index if self.is_remote else read_index(self.path)
             self.format, self.metadata = self._index.container, self._index.metadata
             self.schema = schema_of_metadata(self.metadata, self.path)
             self._files = [self._index.path(shard) for shard in range(self._index.num_shards)]  # a URL's: remote
@@ -80,7 +85,7 @@ class RecordDataset(Dataset):
             self._files, self._starts = [self.path], np.array([0, self.metadata["num_samples"]], np.int64)
         self.fields = _picked(fields, self.schema, self.path)
         self._num_samples = self.metadata["num_samples"]
-        self._identities = None if self._cache is not None else [_identity(path) for path in self._files]
+        self._identities = None if self.is_remote else [_identity(path) for path in self._files]
         self._recent = []  # a URL's open shards, least recently opened first
         self.fingerprint = _fingerprint(self.path, self.metadata, self._index)
         self._shards, self._decoders, self._pid = None, None, None
@@ -92,6 +97,16 @@ class RecordDataset(Dataset):
 
     def __len__(self):
         return self._num_samples
+
+    @property
+    def shard_index(self):
+        """The ShardIndex of a shard folder (None for one file)."""
+        return self._index
+
+    @property
+    def shard_source(self):
+        """A URL's CachedShards (reading/sources.py); None for local files."""
+        return self._source
 
     def __getstate__(self):
         return {**self.__dict__, "_shards": None, "_decoders": None, "_pid": None, "_recent": []}
@@ -109,10 +124,10 @@ class RecordDataset(Dataset):
         if self._shards is None or self._pid != os.getpid():
             self._shards, self._pid, self._recent = [None] * len(self._files), os.getpid(), []
             self._decoders = _image_decoders(self.schema, self.fields, self.path)
-            if self._cache is not None:  # a forked worker: fsspec's async file systems are not fork-safe
-                self._cache.fs = pickle.loads(pickle.dumps(self._cache.fs))
+            if self.is_remote:  # a forked worker: fsspec's async file systems are not fork-safe
+                self._source.cache.fs = pickle.loads(pickle.dumps(self._source.cache.fs))
         if self._shards[shard] is None:
-            columns, _, metadata = read_records(path) if self._cache is None else self._fetched(shard)
+            columns, _, metadata = self._fetched(shard) if self.is_remote else read_records(path)
             if self._index is not None:
                 mismatch = shard_mismatch(self._index, shard, metadata)
                 differ = shard_differences(metadata, self.metadata)
@@ -132,13 +147,16 @@ class RecordDataset(Dataset):
         stays valid where the cache later evicts (unlinks) the copy, and the
         bytes are the index's. At most _OPEN_AT_URL shards stay mapped per
         process, least recently opened closed first, so the disk held by
-        evicted copies stays bounded. No shard is fetched ahead yet.
+        evicted copies stays bounded. A loader fetches the shards its order
+        reads next and chooses a block order that fits the cache, as for
+        (sample, label) folders (NOTE [remote read-ahead] and NOTE [remote
+        shuffle] in reading/remote.py).
         """
-        path = self._cache.hold(shard)
+        path = self._source.cache.hold(shard)
         try:
             found = read_records(path)
         finally:
-            self._cache.release(shard)
+            self._source.cache.release(shard)
         self._recent.append(shard)
         if len(self._recent) > _OPEN_AT_URL:
             self._shards[self._recent.pop(0)] = None

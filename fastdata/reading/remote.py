@@ -65,12 +65,22 @@ def open_remote_store(url, read, *, max_open_shards=None, storage_options=None, 
         OptionError: a bad ``prefetch`` or ``cache_limit``.
         RemoteError: the storage kept failing.
     """
+    check_prefetch(prefetch)
+    index = read_remote_index(url, storage_options) if index is None else index
+    source = cached_shards(index, storage_options, cache_dir, cache_limit)
+    return ShardStore(index, read, max_open_shards, source=source)
+
+
+def cached_shards(index, storage_options=None, cache_dir=None, cache_limit=None):
+    """Return the CachedShards of the shard folder at a URL whose ``index`` was read: its copies in a ShardCache."""
+    fs, _ = filesystem(index.root, storage_options)
+    return CachedShards(ShardCache(index, fs, cache_dir=cache_dir, cache_limit=cache_limit))
+
+
+def check_prefetch(prefetch):
+    """Refuse a ``prefetch`` (shards fetched ahead) that is not None or a non-negative integer."""
     if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0):
         raise OptionError(f"prefetch should be a non-negative integer (shards), got prefetch={prefetch!r}")
-    index = read_remote_index(url, storage_options) if index is None else index
-    fs, _ = filesystem(index.root, storage_options)
-    source = CachedShards(ShardCache(index, fs, cache_dir=cache_dir, cache_limit=cache_limit))
-    return ShardStore(index, read, max_open_shards, source=source)
 
 
 # NOTE [remote shuffle]: a remote dataset shuffles in blocks of a shard's
@@ -97,8 +107,12 @@ def open_remote_store(url, read, *, max_open_shards=None, storage_options=None, 
 
 
 def remote_block_settings(dataset):
-    """Return ``(block_size, window)`` of a remote dataset's block shuffle (see NOTE [remote shuffle])."""
-    index = dataset._store.index
+    """Return ``(block_size, window)`` of a remote dataset's block shuffle (see NOTE [remote shuffle]).
+
+    A remote dataset (a PackedDataset or RecordDataset at a URL) gives its ``shard_index``, its
+    ``shard_source`` (CachedShards) and its ``prefetch``.
+    """
+    index = dataset.shard_index
     block_size = max(1, int(np.median(np.diff(index.starts)))) if index.num_shards else 1
     window = _cache_slots(dataset) // (2 * _block_span(index, block_size))
     return block_size, max(1, min(WINDOW_SHARDS, window))
@@ -107,7 +121,7 @@ def remote_block_settings(dataset):
 def prefetch_shards(dataset, order):
     """Return the shards fetched ahead: ``dataset.prefetch`` (default PREFETCH_SHARDS), within the cache's room."""
     wanted = PREFETCH_SHARDS if dataset.prefetch is None else dataset.prefetch
-    return max(0, min(wanted, _cache_slots(dataset) - window_shards(dataset._store.index, order)))
+    return max(0, min(wanted, _cache_slots(dataset) - window_shards(dataset.shard_index, order)))
 
 
 def window_shards(index, order):
@@ -130,8 +144,7 @@ def _block_span(index, block_size):
 
 def _cache_slots(dataset):
     """Return how many of the dataset's largest shards its cache limit holds (at least 2)."""
-    store = dataset._store
-    return max(2, int(store.source.limit // max(int(store.index.sizes.max(initial=1)), 1)))
+    return max(2, int(dataset.shard_source.limit // max(int(dataset.shard_index.sizes.max(initial=1)), 1)))
 
 
 class ShardReadAhead:
@@ -141,7 +154,7 @@ class ShardReadAhead:
     batches begin and ``advance(step)`` as each step's indices are produced.
 
     Args:
-        dataset: a remote PackedDataset.
+        dataset: a remote dataset (see remote_block_settings).
         order: the EpochOrder the batches come from.
         rank: this rank; world_size: ranks sharing each global batch.
         ahead: shards kept fetched past those of the step being read.
@@ -150,7 +163,7 @@ class ShardReadAhead:
 
     def __init__(self, dataset, order, rank=0, world_size=1, ahead=PREFETCH_SHARDS, threads=PREFETCH_THREADS):
         self.dataset, self.order, self.rank, self.world_size = dataset, order, rank, world_size
-        self.index = dataset._store.index
+        self.index = dataset.shard_index
         self.ahead, self.threads = ahead, threads
         self._prefetcher, self._pid = None, None
         self.start(0, 0, fetch=False)
@@ -176,7 +189,7 @@ class ShardReadAhead:
         from the cache all the same is fetched by its reader, as any missing
         shard is.
         """
-        source = self.dataset._store.source
+        source = self.dataset.shard_source
         if not source.fits(int(self.index.sizes.sum())):
             return False
         return all(source.cache.is_present(shard) for shard in range(self.index.num_shards))
@@ -245,7 +258,7 @@ class ShardReadAhead:
         """Return this process's Prefetcher, started on first use."""
         if self._pid != os.getpid():
             span = window_shards(self.index, self.order)
-            self._prefetcher = Prefetcher(self.dataset._store.source.cache, span + self.ahead, self.threads)
+            self._prefetcher = Prefetcher(self.dataset.shard_source.cache, span + self.ahead, self.threads)
             self._pid = os.getpid()
         return self._prefetcher
 

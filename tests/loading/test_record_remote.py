@@ -2,10 +2,11 @@
 
 import numpy as np
 import pytest
-from support import assert_same_batches
+from support import assert_same_batches, wait_for
 
-from fastdata import Field, OptionError, make_loader, open_dataset, write
+from fastdata import Field, make_loader, open_dataset, write
 from fastdata.formats.shards import read_index
+from fastdata.reading.remote import ShardReadAhead
 
 SCHEMA = {"id": "int", "caption": "str", "image": Field("image", size=(12, 16), storage="jpeg"),
           "boxes": Field("ragged", shape=(4,), boxes="image")}
@@ -32,21 +33,41 @@ def test_a_folder_at_a_url_reads_as_the_local_one_in_a_cache_of_two_shards(remot
     remote = open_dataset(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "cache",
                           cache_limit=limit)
     here = open_dataset(local)
-    assert len(remote) == 300 and remote.fingerprint == here.fingerprint
+    assert len(remote) == 300 and remote.fingerprint == here.fingerprint and remote.is_remote
     order = np.random.default_rng(0).permutation(300)
     assert_same_batches(remote.read_batch(order), here.read_batch(order))
     loader = make_loader(remote, 32, shuffle=True, seed=1, num_workers=2)
+    described = loader.sampler.describe()
+    assert described["shuffle"] == "block" and described["window"] == 1  # two windows of a shard fit the cache
     try:
         remote_batches = list(loader)
     finally:
         loader.close()
-    for a, b in zip(remote_batches, make_loader(here, 32, shuffle=True, seed=1), strict=True):
+    twin = make_loader(here, 32, shuffle="block", block_size=described["block_size"], window=1, seed=1)
+    for a, b in zip(remote_batches, twin, strict=True):
         assert_same_batches(a, b)
     cached = sum(path.stat().st_size for path in (tmp_path / "cache").rglob("shard-*"))
     assert cached <= limit + index.sizes.max()  # the cache stayed within its limit (one shard over at most)
 
 
-def test_a_url_folder_refuses_prefetch_it_does_not_do(remote_records, s3_server):
-    _, url = remote_records
-    with pytest.raises(OptionError, match="fetches each shard on first touch, none ahead yet"):
-        open_dataset(url, storage_options=s3_server.storage_options, prefetch=2)
+def test_a_loader_fetches_the_shards_its_order_reads_next_before_they_are_read(remote_records, s3_server, tmp_path):
+    local, url = remote_records
+    index = read_index(local)
+    remote = open_dataset(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "cache",
+                          cache_limit=int(6 * index.sizes.max()))
+    loader = make_loader(remote, 8, shuffle=True, seed=3)
+    described = loader.sampler.describe()
+    assert described["shuffle"] == "block" and described["window"] == 3
+    assert isinstance(loader.steps.readahead, ShardReadAhead) and loader.steps.readahead.ahead == 3
+    cache = remote.shard_source.cache
+    batches = iter(loader)
+    first = next(batches)
+    blocks = loader.sampler.order.block_ranges(0)
+    window = set(index.shard_of(blocks[:3, 0]).tolist())  # the first window's shards (a block is a shard)
+    assert set(index.shard_of(first["id"].numpy()).tolist()) <= window
+    wait_for(lambda: {shard for shard in range(index.num_shards) if cache.is_present(shard)} - window,
+             "shards of the second window fetched while the first is read")
+    ids = [first["id"].tolist()] + [batch["id"].tolist() for batch in batches]
+    twin = make_loader(open_dataset(local), 8, shuffle="block", block_size=described["block_size"], window=3, seed=3)
+    assert ids == [batch["id"].tolist() for batch in twin]
+    assert sorted(sum(ids, [])) == list(range(300))
