@@ -19,6 +19,7 @@ from support import one_error_line, private_copy, rewrite_metadata, run_cli
 
 from fastdata import FastdataError, FormatError, open_dataset
 from fastdata.info import describe
+from fastdata.formats.shards import read_index
 from fastdata.verify import verify
 
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**40), st.floats(allow_nan=False), st.text(max_size=4),
@@ -213,3 +214,13 @@ def test_a_byte_flipped_in_an_object_header_is_reported_not_raised(packed_files,
         path.write_bytes(bytes(damaged))
         report = verify(path)  # raised nothing
         assert report.ok or repr(os.fspath(path)) in str(report), at
+
+
+@pytest.mark.parametrize("dtype", ["0\x1b", "xx", "i9", "[('a', 'i4')]"])
+def test_a_dtype_numpy_cannot_parse_is_a_damaged_index(folder, dtype):
+    # "0\x1b" made numpy raise ValueError where other bad text raises TypeError: a bare error before (hypothesis)
+    root, index = folder
+    index["metadata"]["sample_dtype"] = dtype
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match="sample_dtype"):
+        read_index(root)

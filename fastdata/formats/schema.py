@@ -34,7 +34,7 @@ def _number(value):
 def _dtype(value):
     try:
         return isinstance(value, str) and np.dtype(value).kind in "biuf"
-    except TypeError:
+    except (TypeError, ValueError):  # numpy raises either, by how the text fails to parse ("0\x1b": ValueError)
         return False
 
 
