@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from support import one_error_line, private_copy, rewrite_metadata, run_cli
 
 from fastdata import FastdataError, FormatError, open_dataset
-from fastdata.info import describe
 from fastdata.formats.shards import read_index
+from fastdata.info import describe
 from fastdata.verify import verify
 
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**40), st.floats(allow_nan=False), st.text(max_size=4),

@@ -42,10 +42,10 @@ import numpy as np
 import torch
 
 from fastdata._processes import die_with_parent, end_on_sigterm, end_processes, held_signals, start_method
+from fastdata.loading import slots as layouts
 from fastdata.loading.device import HostBatch
 from fastdata.loading.workers import changed_under
 
-_ALIGN = 64  # each tensor of a slot starts on a cache line, so any dtype's view is aligned
 _POLL_SECONDS = 1.0  # how long a helper whose pipe closed is given to exit, for its exit status
 
 
@@ -53,7 +53,8 @@ class HelperProcess:
     """One process reading ``dataset``'s batches, into ``slots`` shared slots the caller maps (NOTE [helper process]).
 
     Args:
-        dataset: a PackedDataset (pickled into the helper under spawn).
+        dataset: a PackedDataset or RecordDataset (pickled into the helper under spawn); a RecordDataset's
+            dict batches have their tensors in the slot, their text and JSON pickled with the reply.
         options: keyword options of every ``read_batch`` (with ``threads``: the threads it reads a batch with).
         reader: a device pipeline's HostReader, or None: batches are then HostBatches.
         slots: shared slots, at least the steps read ahead + 2 (the batch in the loop, and the one before).
@@ -64,8 +65,7 @@ class HelperProcess:
     def __init__(self, dataset, options, reader, slots, batch_bytes, context=None):
         self.dataset, self.reader, self.options = dataset, reader, options
         self.context = multiprocessing.get_context(context)
-        slot_bytes = batch_bytes + 4 * _ALIGN
-        self._buffers = torch.empty((slots, slot_bytes), dtype=torch.uint8).share_memory_()
+        self._buffers = torch.empty((slots, layouts.slot_bytes(batch_bytes)), dtype=torch.uint8).share_memory_()
         self._arrays = [buffer.numpy() for buffer in self._buffers]  # this process's views of the slots
         self._free = collections.deque(range(slots))  # slots no batch holds; a finalizer appends to it
         self._process = self._conn = None
@@ -119,8 +119,8 @@ class HelperProcess:
             self._free.append(slot)
         if isinstance(payload, _Failure):
             raise payload.error
-        tensors = payload if layout is None else self._mapped(slot, layout)
-        return tensors if self.reader is None else HostBatch(tensors, np.asarray(indices, dtype=np.int64), epoch)
+        batch = payload if layout is None else layouts.joined(self._mapped(slot, layout), payload)
+        return batch if self.reader is None else HostBatch(batch, np.asarray(indices, dtype=np.int64), epoch)
 
     def _reply(self):
         """Return the next ``(slot, layout, payload)`` the helper sent; raise if it died.
@@ -163,9 +163,9 @@ class HelperProcess:
         slicing and a weakref.finalize per batch; best of 5 x 5,000 calls, 2 loaded cores).
         """
         memory = np.asarray(_SlotLease(self._arrays[slot], self._free, slot))
-        return tuple(torch.from_numpy(np.ndarray(shape, _numpy_dtype(dtype), memory, start,
-                                                 [stride * dtype.itemsize for stride in strides]))
-                     for dtype, shape, strides, start, _ in layout)
+        return [torch.from_numpy(np.ndarray(shape, _numpy_dtype(dtype), memory, start,
+                                            [stride * dtype.itemsize for stride in strides]))
+                for dtype, shape, strides, start in layout]
 
     def __getstate__(self):
         raise TypeError("a HelperProcess belongs to the process that started it")
@@ -217,35 +217,20 @@ def _serve(conn, dataset, reader, options, buffers, parent):
         layout = None
         try:
             if reader is None:
-                tensors = tuple(dataset.read_batch(indices, **options))
+                batch = dataset.read_batch(indices, **options)
             else:
-                tensors = tuple(reader.read(dataset, indices, epoch, options=options).tensors)
-            if slot is not None:
-                layout = _written(buffers[slot], tensors)
-            reply = (slot, layout, None if layout is not None else tensors)
+                batch = reader.read(dataset, indices, epoch, options=options).tensors
+            tensors, shape = layouts.split(batch)
+            written, end = layouts.layout_of(tensors)
+            if slot is not None and end <= len(buffers[slot]):
+                layouts.write(buffers[slot], tensors, written)
+                layout = written
+            reply = (slot, layout, shape) if layout is not None else (slot, None, batch)
         except Exception as exc:
             reply = (slot, None, _Failure(exc))
-        # (slot, its layout, None) or (slot or None, None, the tensors or a _Failure); tensors by descriptor
+        # (slot, its layout, a dict batch's shape) or (slot or None, None, the batch or a _Failure): the batch's
+        # tensors by descriptor
         conn.send_bytes(pickle.dumps(reply) if layout is not None else ForkingPickler.dumps(reply))
-
-
-def _written(buffer, tensors):
-    """Copy ``tensors`` into ``buffer`` keeping their strides; return their layout, or None where they do not fit."""
-    layout, start = [], 0
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if start + nbytes > len(buffer) or not _dense(tensor):
-            return None
-        view = buffer[start : start + nbytes].view(tensor.dtype).as_strided(tensor.shape, tensor.stride())
-        view.copy_(tensor)
-        layout.append((tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()), start, nbytes))
-        start += -(-nbytes // _ALIGN) * _ALIGN
-    return layout
-
-
-def _dense(tensor):
-    """Whether ``tensor`` covers exactly its ``numel`` elements (contiguous, or channels_last)."""
-    return tensor.is_contiguous() or (tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last))
 
 
 def _stop(process, conn):

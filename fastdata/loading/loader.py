@@ -202,9 +202,6 @@ def make_loader(
     if helper_process is True and num_workers:
         raise OptionError(f"helper_process=True reads in one process of its own and replaces num_workers; got "
                           f"num_workers={num_workers!r} too: pass one of them")
-    if helper_process is True and getattr(dataset, "kind", None) == "records":
-        raise OptionError("helper_process=True reads (sample, label) batches into shared slots; a record "
-                          "dataset's dict batches are read in this process, or by num_workers worker processes")
     options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)

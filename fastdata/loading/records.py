@@ -32,7 +32,7 @@ from fastdata.formats.records import LENGTHS_SUFFIX, longest_values, schema_of_m
 from fastdata.formats.shards import read_index, shard_differences, shard_mismatch
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
-from fastdata.loading.transport import TENSOR_ALIGN
+from fastdata.loading.slots import ALIGN
 from fastdata.reading.remote import cached_shards, check_prefetch
 from fastdata.storage.urls import is_url, read_remote_index
 
@@ -97,6 +97,19 @@ class RecordDataset(Dataset):
 
     def __len__(self):
         return self._num_samples
+
+    def changed_files(self):
+        """Return ``{path: what changed}`` of this dataset's local files that are no longer the ones it opened."""
+        changed = {}
+        for path, opened in zip(self._files, self._identities or ()):
+            try:
+                now = _identity(path)
+            except FileNotFoundError:
+                changed[path] = "was deleted"
+                continue
+            if now != opened:
+                changed[path] = "changed (its size, modification time or inode)"
+        return changed
 
     @property
     def shard_index(self):
@@ -230,11 +243,11 @@ class RecordDataset(Dataset):
                     return None
                 itemsize = 8 if field.type == "tokens" or field.dtype in _WIDENED else np.dtype(field.dtype).itemsize
                 row = longest[name] * int(np.prod(field.row_shape, dtype=np.int64)) * itemsize
-                total += batch_size * 8 + TENSOR_ALIGN  # its lengths
+                total += batch_size * 8 + ALIGN  # its lengths
             else:
                 row = int(np.prod(field.row_shape, dtype=np.int64)) * (8 if field.dtype in _WIDENED else
                                                                       field.stored_dtype.itemsize)
-            total += batch_size * row + TENSOR_ALIGN
+            total += batch_size * row + ALIGN
         return total
 
 

@@ -113,13 +113,57 @@ def test_fields_picks_what_is_read_and_the_others_are_never_touched(record_file,
     assert jpeg.shape == (1, 3, 16, 16)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"helper_process": True}, "dict batches are read in this process, or by num_workers"),
-    ({"pad_to": 8}, "pad_to applies to text datasets"),
-])
-def test_options_for_sample_label_batches_are_refused(record_file, options, message):
-    with pytest.raises(OptionError, match=message):
-        make_loader(open_dataset(record_file[0]), 4, **options)
+def test_options_for_sample_label_batches_are_refused(record_file):
+    with pytest.raises(OptionError, match="pad_to applies to text datasets"):
+        make_loader(open_dataset(record_file[0]), 4, pad_to=8)
+
+
+def _same_dict_batches(got, expected):
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected):
+        assert list(mine) == list(theirs)
+        for name, value in theirs.items():
+            assert torch.equal(mine[name], value) if isinstance(value, torch.Tensor) else mine[name] == value, name
+
+
+def test_the_helper_process_maps_dict_batches_from_its_slots(record_file):
+    path, _ = record_file
+    dataset = open_dataset(path)
+    in_process = make_loader(dataset, 8, shuffle=True, seed=4)
+    with make_loader(dataset, 8, shuffle=True, seed=4, helper_process=True) as loader:
+        helper = loader.helper
+        slots = [(buffer.data_ptr(), buffer.data_ptr() + buffer.numel()) for buffer in helper._buffers]
+        for _ in range(2):  # a new order each epoch, the same helper
+            got = [{name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in batch.items()}
+                   for batch in loader]
+            _same_dict_batches(got, list(in_process))
+        batch = next(iter(loader))
+        for name in ("image", "id", "tokens", "tokens_lengths", "boxes", "weight"):  # mapped, not copied
+            assert any(start <= batch[name].data_ptr() < stop for start, stop in slots), name
+
+
+def test_the_device_pipeline_augments_dict_batches_from_the_helper(record_file):
+    from fastdata.loading.augment import RandomResizedCrop
+
+    path, _ = record_file
+    options = dict(shuffle=True, seed=2, device="cpu", augment=RandomResizedCrop(12),
+                   normalize=((0.5,) * 3, (0.25,) * 3))
+    expected = list(make_loader(open_dataset(path), 8, **options))
+    with make_loader(open_dataset(path), 8, helper_process=True, **options) as loader:
+        _same_dict_batches(list(loader), expected)
+    assert expected[0]["image"].shape == (8, 3, 12, 12) and expected[0]["image"].dtype == torch.float32
+
+
+def test_changed_files_names_a_file_replaced_or_deleted_under_the_dataset(record_file, tmp_path):
+    path, _ = record_file
+    copy = tmp_path / "copy.arrow"
+    copy.write_bytes(path.read_bytes())
+    dataset = RecordDataset(copy)
+    assert dataset.changed_files() == {}
+    copy.write_bytes(path.read_bytes()[:-8])
+    assert dataset.changed_files() == {str(copy): "changed (its size, modification time or inode)"}
+    copy.unlink()
+    assert dataset.changed_files() == {str(copy): "was deleted"}
 
 
 def test_open_dataset_options_that_do_not_apply_are_refused(record_file, packed_files):

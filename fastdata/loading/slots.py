@@ -1,0 +1,79 @@
+"""A batch laid out in a shared byte buffer: its tensors at aligned offsets, its other values beside them.
+
+One layout for the two ways a batch crosses processes through reused
+shared memory: a DataLoader worker's slots (transport.py) and the helper
+process's (helper.py). A batch is a tuple of tensors, or a dict batch of
+records whose tensors go into the buffer and whose other values (text,
+JSON) travel pickled with the layout (``split`` and ``joined``).
+"""
+
+import math
+
+import torch
+
+ALIGN = 64  # each tensor starts on a cache line, so any dtype's view is aligned
+MAX_TENSORS = 4  # alignment room a slot keeps per batch: a (sample, label) batch has 2 or 3 tensors
+
+
+def split(batch):
+    """Return ``(tensors, shape)`` of a batch: ``shape`` None for a tuple, else a dict batch's ``(names, rest)``."""
+    if not isinstance(batch, dict):
+        return list(batch), None
+    names = [name for name, value in batch.items() if isinstance(value, torch.Tensor)]
+    return [batch[name] for name in names], (list(batch), {n: v for n, v in batch.items() if n not in names})
+
+
+def joined(tensors, shape):
+    """Return the batch ``split`` took apart, with ``tensors`` in the place of its tensors."""
+    if shape is None:
+        return tuple(tensors)
+    names, rest = shape
+    tensors = iter(tensors)
+    return {name: rest[name] if name in rest else next(tensors) for name in names}
+
+
+def slot_bytes(batch_bytes, tensors=MAX_TENSORS):
+    """Return the bytes of a slot that holds a batch of ``batch_bytes`` in ``tensors`` tensors or fewer."""
+    return batch_bytes + tensors * ALIGN
+
+
+def layout_of(tensors):
+    """Return ``([(dtype, shape, strides, start)] of each tensor, the bytes they take)`` in a buffer.
+
+    Each keeps channels_last strides where it has them, else takes contiguous ones (``dense_strides``).
+    """
+    layout, end = [], 0
+    for tensor in tensors:
+        layout.append((tensor.dtype, tuple(tensor.shape), dense_strides(tensor), end))
+        end += -(-nbytes(tensor.dtype, tensor.shape) // ALIGN) * ALIGN
+    return layout, end
+
+
+def write(buffer, tensors, layout):
+    """Copy ``tensors`` into the uint8 tensor ``buffer`` where ``layout`` places them."""
+    for tensor, (dtype, shape, strides, start) in zip(tensors, layout):
+        view(buffer, start, dtype, shape, strides).copy_(tensor)  # same strides where dense: a plain copy
+
+
+def view(buffer, start, dtype, shape, strides):
+    """View uint8 ``buffer`` from byte ``start`` as a dense tensor of ``dtype``, ``shape`` and ``strides``."""
+    return buffer[start : start + nbytes(dtype, shape)].view(dtype).as_strided(shape, strides)
+
+
+def dense_strides(tensor):
+    """Return ``tensor``'s strides if it is channels_last, else contiguous ones.
+
+    Keeping that layout makes both copies plain memory copies (a JPEG batch
+    is a channels_last view, see NOTE [channels last] in decoders.py).
+    """
+    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+        return tuple(tensor.stride())
+    strides, step = [], 1
+    for size in reversed(tensor.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def nbytes(dtype, shape):
+    return math.prod(shape) * dtype.itemsize
