@@ -18,7 +18,7 @@ from functools import partial
 from fastdata.converters.fieldvalues import Mismatch, infer_field
 from fastdata.converters.parallel import ProgressBar, streamed_tasks
 from fastdata.converters.recordshards import write_record_shards
-from fastdata.converters.recordvalues import RecordColumns, encoded_or_mismatch, made_record
+from fastdata.converters.recordvalues import TASK_RECORDS, RecordColumns, encoded_or_mismatch, made_record
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice
 from fastdata.converters.shards import container_of, is_folder_output
 from fastdata.converters.staging import check_output, staged_output
@@ -27,7 +27,6 @@ from fastdata.formats import write_records
 from fastdata.formats.records import RECORDS_KIND, make_schema, schema_to_json
 
 _INFERRED_FROM = 64  # records looked at for the type of a field whose first values are None or empty
-_TASK_RECORDS = 256  # inputs per task of a single file: see NOTE [records on workers]
 
 
 def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
@@ -98,7 +97,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
     if folder:
         written = write_record_shards(
             out, inputs, head, made, fields, metadata, fn=fn, container=container, shard_size=shard_size,
-            on_error=on_error, overwrite=overwrite, resume=resume, part=part, workers=workers, executor=executor,
+            overwrite=overwrite, resume=resume, part=part, workers=workers, executor=executor,
             progress=progress, total=total, warn=partial(_bad_record, on_error=on_error))
         return ConversionReport(os.fspath(out), written.metadata["num_samples"],
                                 [(item["path"], item["reason"]) for item in written.metadata["skipped"]],
@@ -142,12 +141,12 @@ def _all_encoded(fields, fn, made, inputs, workers, executor, progress, total):
     compressing its images) depends on the record alone, so it runs on any
     process and the results are put back in input order: the file is the
     same for any ``workers`` or executor. The inputs go out in tasks of
-    _TASK_RECORDS, a few in flight per worker (converters.parallel.streamed_tasks),
+    TASK_RECORDS, a few in flight per worker (converters.parallel.streamed_tasks),
     so neither the inputs nor their values are ever all held before the file is
     written. A shard folder's tasks are whole shards instead (NOTE [record shards]).
     """
     yield from (encoded_or_mismatch(record, fields) for record in made)
-    chunks = iter(lambda: list(itertools.islice(inputs, _TASK_RECORDS)), [])
+    chunks = iter(lambda: list(itertools.islice(inputs, TASK_RECORDS)), [])
     with ProgressBar(total=total, initial=len(made), unit="record", disable=None if progress else True,
                      dynamic_ncols=True) as bar:
         for encoded in streamed_tasks(partial(_encode_chunk, fn, fields), chunks, executor=executor,
