@@ -210,7 +210,7 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
 
 def _image_field_options(command):
     """Add the options of a record source's image fields (--size, --storage, --quality, --resize) and its output's
-    (--format, --shard-size, --resume, --part)."""
+    (--format, --shard-size, --resume, --part, --storage-option)."""
     options = [
         click.option("--size", default="64", show_default=True, help="Stored image size: N (square) or HxW."),
         click.option("--storage", type=click.Choice(IMAGE_STORAGES), default="raw", show_default=True,
@@ -228,14 +228,15 @@ def _image_field_options(command):
         click.option("--part", default=None, metavar="I/N",
                      help="A shard folder OUT: write only part I of N (shards k with k % N == I), reading every "
                           "row; the last part to finish writes the index."),
+        _storage_option,
     ]
     return functools.reduce(lambda command, option: option(command), reversed(options), command)
 
 
-def _write_records(convert, *args, size, workers, quiet, container, part, **options):
+def _write_records(convert, *args, size, workers, quiet, container, part, storage_options, **options):
     """Run a record source's ``convert`` with the CLI's options and print its report."""
     report = convert(*args, size=_parse_size(size), workers=workers or 1, progress=not quiet, format=container,
-                     part=_parse_part(part), **options)
+                     part=_parse_part(part), storage_options=_parse_storage_options(storage_options), **options)
     click.echo(str(report))
 
 

@@ -22,6 +22,7 @@ from fastdata.converters.recordvalues import TASK_RECORDS, RecordColumns, encode
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice
 from fastdata.converters.shards import container_of, is_folder_output
 from fastdata.converters.staging import check_output, staged_output
+from fastdata.converters.upload import remote_output
 from fastdata.errors import OptionError, SampleError
 from fastdata.formats import write_records
 from fastdata.formats.records import RECORDS_KIND, make_schema, schema_to_json
@@ -30,14 +31,17 @@ _INFERRED_FROM = 64  # records looked at for the type of a field whose first val
 
 
 def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_error="raise", overwrite=False,
-          progress=False, source=None, shard_size=None, format=None, resume=False, part=None):
+          progress=False, source=None, shard_size=None, format=None, resume=False, part=None,
+          storage_options=None):
     """Write ``records`` (an iterable of dicts) to the packed file ``out`` (.h5, .hdf5 or .arrow), or shard folder.
 
     Args:
         records: dicts of field name -> value, one per record, every one with the same fields; with
             ``fn``, the inputs ``fn`` makes them from.
         out: the file to write, its extension picking the container; or, without such an extension, a
-            shard folder: record files of about ``shard_size`` bytes (default 64 MiB) and index.json.
+            shard folder: record files of about ``shard_size`` bytes (default 64 MiB) and index.json; or
+            the URL of a shard folder (``s3://bucket/train/``, any fsspec URL), each shard uploaded as it
+            is written, index.json last.
         schema: ``{name: type}``, a type being one of "int", "float", "str", "bytes", "json",
             "tokens" or a ``fastdata.Field`` (images, arrays, ragged rows, dtypes); default: from the
             first records (see fieldvalues.infer_field).
@@ -59,6 +63,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         part: a shard folder: ``(i, n)`` writes only the shards ``k`` with ``k % n == i``, so n processes
             (or machines sharing the folder) convert one set together, each reading every record but
             encoding only its own; the last part to finish writes the index (or ``fastdata index OUT``).
+        storage_options: a URL ``out``'s fsspec options (credentials, endpoint).
 
     Returns:
         ConversionReport: the records written and every record left out, with why.
@@ -80,6 +85,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
     if not folder and (resume or part is not None):
         raise OptionError(f"resume and part need a shard folder, not the file {os.fspath(out)!r}; give a folder "
                           "name (without .h5, .hdf5 or .arrow) to write shards")
+    remote = remote_output(out, storage_options, folder)
     if not folder:
         check_output(os.path.abspath(os.fspath(out)), overwrite)
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -98,7 +104,7 @@ def write(records, out, schema=None, *, fn=None, workers=1, executor=None, on_er
         written = write_record_shards(
             out, inputs, head, made, fields, metadata, fn=fn, container=container, shard_size=shard_size,
             overwrite=overwrite, resume=resume, part=part, workers=workers, executor=executor,
-            progress=progress, total=total, warn=partial(_bad_record, on_error=on_error))
+            progress=progress, total=total, warn=partial(_bad_record, on_error=on_error), remote=remote)
         return ConversionReport(os.fspath(out), written.metadata["num_samples"],
                                 [(item["path"], item["reason"]) for item in written.metadata["skipped"]],
                                 time.perf_counter() - started, "record", finished=written.finished,

@@ -63,10 +63,12 @@ class FolderWritten:
 
 
 def write_record_shards(out, inputs, head, made, fields, metadata, *, fn, container, shard_size, overwrite, resume,
-                        part, workers, executor, progress, total=None, warn=None):
+                        part, workers, executor, progress, total=None, warn=None, remote=None):
     """Write the records of ``head`` + ``inputs`` into the shard folder ``out``; return a FolderWritten.
 
     Args:
+        remote: the RemoteFolder of a URL ``out``: each shard is uploaded once written, then its record, the
+            index last (NOTE [remote write] in upload.py).
         inputs: an iterator of the inputs after ``head``.
         head: the first inputs; ``made``: their records (``fn`` applied), which told the schema.
         fields: the schema; ``metadata``: the dataset metadata besides the counts (kind, fields, source).
@@ -83,7 +85,7 @@ def write_record_shards(out, inputs, head, made, fields, metadata, *, fn, contai
     settings = {"kind": RECORDS_KIND, "fields": metadata["fields"], "container": container,
                 "shard_size": shard_size, "first_inputs": _digest(head, resume or part is not None)}
     with open_shard_folder(out, settings, container=container, resume=resume, overwrite=overwrite,
-                           part=part) as folder:
+                           part=part, remote=remote) as folder:
         damaged = folder.damaged_files() if folder.done else []  # see NOTE [resume checks what it keeps]
         if folder.done and not damaged:
             return FolderWritten(folder.finished_metadata(), finished=True)
@@ -103,10 +105,10 @@ def write_record_shards(out, inputs, head, made, fields, metadata, *, fn, contai
                 shard.add(encoded, warn)
                 bar.update(len(encoded))
                 if last:
-                    records.append(shard.write(folder.root, container, folder.plan))
+                    records.append(shard.write(folder.root, container, folder.plan, remote))
                     shard = None
         folder.write_plan({**folder.plan, "num_inputs": counted.count})
-        written = index_shards(folder.root, record_folder_metadata, missing_ok=part is not None)
+        written = index_shards(folder.root, record_folder_metadata, missing_ok=part is not None, remote=remote)
     return FolderWritten(written or _part_metadata(records, metadata), redone=tuple(damaged))
 
 
@@ -215,8 +217,9 @@ class _Shard:
                 self.columns.add(values)
             self.stop += 1
 
-    def write(self, root, container, plan):
-        """Write the shard (none for a shard of no record) and its record; return the record."""
+    def write(self, root, container, plan, remote=None):
+        """Write the shard (none for a shard of no record) and its record, and upload them to ``remote`` if given;
+        return the record."""
         record = {"inputs": [self.start, self.stop], "num_samples": self.columns.num_samples, "name": None,
                   "bytes": 0, "crc32": None, "skipped": self.skipped, "longest": dict(self.columns.longest)}
         if self.columns.num_samples:
@@ -225,4 +228,4 @@ class _Shard:
                         "longest": dict(self.columns.longest), "shard": place}
             record.update(write_shard(root, self.number, container, self.columns.finish(), metadata,
                                       fields=self.fields))
-        return save_record(root, self.number, record)
+        return save_record(root, self.number, record, remote)

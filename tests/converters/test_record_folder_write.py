@@ -167,3 +167,33 @@ def test_cli_parts_and_resume_of_a_table(tmp_path):
     assert_same_files(out, tmp_path / "whole")
     again = run_cli("convert", "table", table, out, "--shard-size", "2000", "--resume", "--quiet")
     assert again.exit_code == 0 and "already finished" in again.output, again.output
+
+
+def test_a_folder_written_to_s3_is_the_local_folder_byte_for_byte(tmp_path, whole, s3_server, monkeypatch):
+    from test_remote_convert import folder_bytes, remote_bytes
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))  # the staging folder
+    url = s3_server.bucket() + "/records/"
+    report = write(list(range(900)), url, SCHEMA, fn=_record_of, shard_size=6_000, on_error="skip", workers=2,
+                   storage_options=s3_server.storage_options)
+    assert report.num_samples == 890
+    assert remote_bytes(url, s3_server.storage_options) == folder_bytes(whole)
+    dataset = open_dataset(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "read")
+    assert_same_batches(dataset.read_batch(np.arange(0, 890, 7)), open_dataset(whole).read_batch(np.arange(0, 890, 7)))
+    with pytest.raises(OptionError, match="a URL output is written as a shard folder"):
+        write(list(range(9)), s3_server.bucket() + "/one.h5", SCHEMA, fn=_record_of,
+              storage_options=s3_server.storage_options)
+
+
+def test_cli_converts_a_table_to_s3(tmp_path, s3_server, monkeypatch):
+    from test_remote_convert import remote_bytes, storage_args
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+    table = tmp_path / "rows.jsonl"
+    table.write_text("".join(f'{{"id": {i}, "caption": "line {i} ü"}}\n' for i in range(120)))
+    url = s3_server.bucket() + "/table"
+    result = run_cli("convert", "table", table, url, "--shard-size", "1000", "--quiet", *storage_args(s3_server))
+    assert result.exit_code == 0, result.output
+    assert "index.json" in remote_bytes(url, s3_server.storage_options)
+    dataset = open_dataset(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "read")
+    assert dataset.read_batch([0, 119])["caption"] == ["line 0 ü", "line 119 ü"] and dataset.shard_index.num_shards > 1
