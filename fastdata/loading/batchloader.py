@@ -40,7 +40,7 @@ class BatchLoader(Resumable):
     batch_sampler = None  # as a DataLoader's whose sampler yields whole batches: trainers look for it
 
     def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None,
-                 helper=None, auto_helper=None, readahead=None):
+                 helper=None, auto_helper=None, readahead=None, max_threads=None):
         self.dataset = self.packed_dataset = dataset
         self.helper = helper  # a HelperProcess that reads every batch, or None: read here
         self._make_auto_helper = auto_helper  # makes the HelperProcess of NOTE [auto helper], or None
@@ -53,6 +53,7 @@ class BatchLoader(Resumable):
         self.prefetch_factor = prefetch_factor
         self.options = options or {}  # keyword options of every read_batch
         self._takes_threads = "threads" in option_names(dataset)  # see NOTE [leave a core]
+        self.max_threads = max_threads  # make_loader's max_cpu, in cores: None for no cap
         self._body = LoopBody()  # see NOTE [adaptive read-ahead]
         self._next_epoch = None  # see NOTE [next epoch's first batch]
 
@@ -177,15 +178,18 @@ class BatchLoader(Resumable):
         return self.pipeline.reader.read(self.dataset, indices, epoch, self.pin_memory, self._options())
 
     def _options(self):
-        if self._takes_threads and "threads" not in self.options and self._body.keeps_a_core_busy():
+        if not self._takes_threads or "threads" in self.options:
+            return self.options
+        threads = self.max_threads  # None: the decoders' default, every usable core
+        if self._body.keeps_a_core_busy():
             # NOTE [leave a core]: decoding on every core starves a training
             # loop that computes on the CPU (of CPU and of the GIL); keep one
             # core for it. A loop that mostly waits (for the GPU) leaves its
             # core to the decoders: with a 5 ms sleep per step on 2 cores,
             # 64x64 JPEG lost 1.2% of the epoch decoding on both cores
             # against 10-14% with one core kept.
-            return {**self.options, "threads": max(1, usable_cpus() - 1)}
-        return self.options
+            threads = max(1, min(usable_cpus() - 1, threads or usable_cpus()))
+        return self.options if threads is None else {**self.options, "threads": threads}
 
     def _helper_pays(self):
         """Whether batches should come from the auto helper process now: see NOTE [auto helper]."""

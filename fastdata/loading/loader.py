@@ -20,6 +20,7 @@ copied) it is ignored with a warning. With no saved file, 0 workers (see
 NOTE [in-process default]).
 """
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
@@ -71,6 +72,7 @@ def make_loader(
     memory_format: torch.memory_format | None = None,
     threads: int | None = None,
     helper_process: bool | str = "auto",
+    max_cpu: float | None = None,
 ) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
@@ -168,6 +170,12 @@ def make_loader(
             "auto" (default, with ``num_workers=0``): reading moves there
             once the loop body is found to keep its core computing (NOTE
             [auto helper]), decoding on every usable core there; False: never.
+        max_cpu: the share of this machine's usable cores that reading and
+            decoding may keep busy, 0 < max_cpu <= 1 (SPDL advises about 0.4
+            beside a training job): ``max(1, floor(max_cpu * cores))`` cores,
+            which cap the threads in this process or the helper and the
+            worker processes of ``num_workers="auto"``; ``threads`` or
+            ``num_workers`` given above it are refused. Default: no cap.
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -188,8 +196,10 @@ def make_loader(
         >>> loader = make_loader(dataset, 256, shuffle=True, device="cuda", augment=RandomResizedCrop(224),
         ...                      normalize=True, dtype=torch.bfloat16, memory_format=torch.channels_last)
     """
+    budget = cpu_budget(max_cpu)
     if isinstance(num_workers, str) and num_workers == "auto":
         num_workers, prefetch_factor = _tuned_settings(dataset, prefetch_factor)
+        num_workers = num_workers if budget is None else min(num_workers, budget)
     prefetch_factor = 2 if prefetch_factor is None else prefetch_factor
     if not isinstance(num_workers, int) or num_workers < 0:
         raise OptionError(f"num_workers should be a non-negative integer or 'auto', got num_workers={num_workers!r}")
@@ -202,6 +212,7 @@ def make_loader(
     if helper_process is True and num_workers:
         raise OptionError(f"helper_process=True reads in one process of its own and replaces num_workers; got "
                           f"num_workers={num_workers!r} too: pass one of them")
+    _check_budget(budget, max_cpu, num_workers, threads)
     options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)
@@ -221,13 +232,13 @@ def make_loader(
         helper = auto_helper = None
         if helper_process is True:
             helper = _helper(dataset, sampler, options, pipeline, prefetch_factor, multiprocessing_context,
-                             usable_cpus())
+                             budget or usable_cpus())
         elif helper_process == "auto" and reads_plainly(dataset):  # see NOTE [auto helper]
             auto_helper = partial(_helper, dataset, sampler, options, pipeline, prefetch_factor,
-                                  multiprocessing_context, usable_cpus())
+                                  multiprocessing_context, budget or usable_cpus())
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                            options=options, pipeline=pipeline, helper=helper, auto_helper=auto_helper,
-                           readahead=readahead)
+                           readahead=readahead, max_threads=budget)
     batch_bytes = _batch_bytes(dataset, sampler, options, pipeline)
     slots = None if batch_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
     return worker_loader(dataset, sampler, slots, options, pipeline, readahead, num_workers=num_workers,
@@ -358,6 +369,29 @@ def _largest_batch(sampler):
     if isinstance(sampler, Sequence):
         return max((len(batch) for batch in sampler), default=0)
     return None
+
+
+def cpu_budget(max_cpu):
+    """Return the cores ``max_cpu`` (a share of the usable ones) allows loading, or None for no cap."""
+    if max_cpu is None:
+        return None
+    if isinstance(max_cpu, bool) or not isinstance(max_cpu, (int, float)) or not 0 < max_cpu <= 1:
+        raise OptionError(f"max_cpu should be a share of the usable cores, 0 < max_cpu <= 1 (e.g. 0.4), got "
+                          f"max_cpu={max_cpu!r}")
+    return max(1, math.floor(max_cpu * usable_cpus()))
+
+
+def _check_budget(budget, max_cpu, num_workers, threads):
+    """Refuse ``num_workers`` and ``threads`` (each worker's, with workers) that keep more cores busy than
+    ``budget`` allows."""
+    if budget is None or not isinstance(num_workers, int) or not isinstance(threads, (int, type(None))):
+        return  # bad values are refused by their own checks
+    cores = num_workers * (threads or 1) if num_workers else threads or 0
+    if cores > budget:
+        asked = " and ".join(f"{name}={value}" for name, value in (("num_workers", num_workers), ("threads", threads))
+                             if value)
+        raise OptionError(f"{asked} would keep {cores} cores busy, more than max_cpu={max_cpu} allows ({budget} of "
+                          f"{usable_cpus()}); ask for fewer, or pass a larger max_cpu")
 
 
 def _tuned_settings(dataset, prefetch_factor):

@@ -7,7 +7,9 @@ from contextlib import closing
 
 BUSY_CONSUMER_SECONDS = 0.0005  # loop body time above which a read-ahead thread pays off
 STREAK = 3  # bodies in a row that switch reading inline <-> on a thread
-CPU_BOUND_SHARE = 0.5  # loop thread's CPU time / body time above which decoding leaves it a core
+# The loop thread's CPU time / body time above which it computes (decoding leaves it a core, reading moves to
+# the auto helper), and below which it no longer does: see NOTE [computing hysteresis].
+COMPUTES_ABOVE, COMPUTES_UNTIL_BELOW = 0.6, 0.4
 _DONE = object()
 
 
@@ -28,6 +30,7 @@ class LoopBody:
         self.busy = False
         self._streak = 0  # bodies in a row on the other side of the threshold from ``busy``
         self._wall = self._cpu = 0.0
+        self._computes = False  # see keeps_a_core_busy
 
     def timed(self, batches):
         """Yield ``batches``, timing the consumer's work after each one; close them when done."""
@@ -50,8 +53,29 @@ class LoopBody:
                         self.busy, self._streak = not busy, 0
 
     def keeps_a_core_busy(self):
-        """Whether the body is busy and computes on its thread more than CPU_BOUND_SHARE of its time."""
-        return self.busy and self._cpu > CPU_BOUND_SHARE * self._wall
+        """Whether the body is busy and computes on its thread: over COMPUTES_ABOVE of its time, and since then
+        not under COMPUTES_UNTIL_BELOW.
+
+        NOTE [computing hysteresis]: with one threshold (0.5), a loop whose
+        body computed for about half its time flipped the decision back and
+        forth as the running share wandered around it, and each flip of the
+        auto helper ends a stretch of batches (those in flight are received
+        and the next ones asked for the other way): a body of 4 ms, 55% of it
+        computing, over 64 px JPEG (batches of 64, 3 epochs of 47 steps, 2
+        cores) read in 23 stretches, 60% in 14; with the two thresholds, 3
+        for each (one an epoch: neither moves to the helper), and 4 at 65%
+        as before (the helper from the first streak on). Loops that hold the
+        GIL (share about 1) or wait on a GPU or a sleep (about 0) are decided
+        as before.
+        """
+        self._computes = computes(self._cpu / self._wall if self._wall else 0.0, self._computes)
+        return self.busy and self._computes
+
+
+def computes(share, computed):
+    """Whether a body whose thread computed ``share`` of its time computes: see NOTE [computing hysteresis];
+    ``computed``: whether it did so far."""
+    return share > (COMPUTES_UNTIL_BELOW if computed else COMPUTES_ABOVE)
 
 
 def read_on_thread(batches, depth, at_end=None, first=None):

@@ -7,6 +7,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
@@ -19,7 +21,8 @@ KINDS = [("hdf5", "raw"), ("hdf5", "jpeg"), ("arrow", "raw"), ("arrow", "jpeg")]
 @pytest.fixture(autouse=True)
 def noise_proof(monkeypatch):
     monkeypatch.setattr(overlap, "BUSY_CONSUMER_SECONDS", BUSY_THRESHOLD)
-    monkeypatch.setattr(overlap, "CPU_BOUND_SHARE", 0.2)  # a spinning body on a loaded machine still counts
+    monkeypatch.setattr(overlap, "COMPUTES_ABOVE", 0.2)  # a spinning body on a loaded machine still counts
+    monkeypatch.setattr(overlap, "COMPUTES_UNTIL_BELOW", 0.1)
 
 
 def compute(seconds=STEP):
@@ -156,3 +159,19 @@ def test_a_loop_that_starts_computing_while_a_thread_reads_ahead_moves_to_the_he
             (wait if step < 8 else compute)()  # waits: read ahead on a thread here; then computes
         assert same_batches(got, expected)
         assert sources == sorted(sources) and not any(sources[:8]) and sources[-1]
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # the thresholds are patched alike for all
+@given(shares=st.lists(st.floats(0.0, 1.0), max_size=60), start=st.booleans())
+def test_the_computing_decision_changes_only_past_its_far_threshold(shares, start):
+    # NOTE [computing hysteresis]: a share wandering between the two thresholds never flips the decision
+    low, high = overlap.COMPUTES_UNTIL_BELOW, overlap.COMPUTES_ABOVE
+    assert (low, high) == (0.1, 0.2)  # the noise-proof fixture's
+    decided = start
+    for share in shares:
+        now = overlap.computes(share, decided)
+        if now != decided:
+            assert share > high if now else share <= low
+        if low < share <= high:
+            assert now == decided
+        decided = now

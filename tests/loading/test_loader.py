@@ -376,7 +376,10 @@ def test_stopping_early_stops_the_read_ahead_thread(small):
 # on this shared 2-core VM a tight body now and then takes longer (a scheduler
 # hiccup), and three in a row flipped the adaptive-reading tests about 1 run
 # in 6. The tests raise the threshold to 10 ms and make busy bodies 30 ms: the
-# same logic, far from the noise.
+# same logic, far from the noise. A spinning body's share of CPU time fell
+# under 0.5 on the loaded machine (its core shared), so a body that computes
+# counts from a share of 0.2 here (test_decoding_leaves_a_core_only_to_a_loop_
+# that_computes failed so once in a plain run beside other tests).
 BUSY_THRESHOLD = 0.01
 STEP = 0.03  # a busy loop body, in seconds
 
@@ -384,6 +387,8 @@ STEP = 0.03  # a busy loop body, in seconds
 @pytest.fixture(autouse=True)
 def noise_proof_threshold(monkeypatch):
     monkeypatch.setattr("fastdata.loading.overlap.BUSY_CONSUMER_SECONDS", BUSY_THRESHOLD)
+    monkeypatch.setattr("fastdata.loading.overlap.COMPUTES_ABOVE", 0.2)
+    monkeypatch.setattr("fastdata.loading.overlap.COMPUTES_UNTIL_BELOW", 0.1)
 
 
 def busy_loop(iterable, seconds=STEP):
@@ -887,3 +892,46 @@ def test_bucket_padding_of_a_rank_compares_its_own_samples():
         report = BucketBatchSampler(lengths, 16, rank=rank, world_size=2, seed=3).padding()
         assert report["random"] == pytest.approx(alone["random"], abs=0.02)
         assert report["saved"] == pytest.approx(alone["saved"], abs=0.05)
+
+
+def test_max_cpu_caps_the_threads_of_every_way_of_reading(packed_files, monkeypatch):
+    # 4 usable cores, max_cpu=0.5: 2 cores for loading, whether the loop waits or computes, here or in the helper
+    monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    for step, expected in ((time.sleep, 2), (spin, 2)):
+        dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
+        loader = make_loader(dataset, 2, max_cpu=0.5, helper_process=False)
+        for _ in range(2):
+            for _ in loader:
+                step(STEP)
+        assert set(dataset.threads) == {expected}
+    dataset = open_dataset(packed_files("hdf5", "jpeg"))
+    with make_loader(dataset, 2, max_cpu=0.5, helper_process=True) as loader:
+        assert loader.helper.options["threads"] == 2
+    with make_loader(dataset, 2, max_cpu=0.3, helper_process=True) as loader:
+        assert loader.helper.options["threads"] == 1  # at least one core
+
+
+def test_max_cpu_shares_one_core_with_a_loop_that_computes(packed_files, monkeypatch):
+    monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
+    loader = make_loader(dataset, 2, max_cpu=1.0, helper_process=False)
+    for _ in range(3):
+        for _ in loader:
+            spin(STEP)
+    assert set(dataset.threads[len(loader):]) == {3}  # all 4 allowed, one left to the loop (NOTE [leave a core])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"max_cpu": 0}, "max_cpu should be a share of the usable cores, 0 < max_cpu <= 1"),
+    ({"max_cpu": 1.5}, "max_cpu should be a share"),
+    ({"max_cpu": True}, "max_cpu should be a share"),
+    ({"max_cpu": 0.5, "threads": 3}, r"threads=3 would keep 3 cores busy, more than max_cpu=0.5 allows \(2 of 4\)"),
+    ({"max_cpu": 0.5, "num_workers": 3}, "num_workers=3 would keep 3 cores busy"),
+    ({"max_cpu": 0.5, "num_workers": 2, "threads": 2}, "num_workers=2 and threads=2 would keep 4 cores busy"),
+])
+def test_max_cpu_refuses_what_it_cannot_allow(packed_files, monkeypatch, options, message):
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    with pytest.raises(OptionError, match=message):
+        make_loader(open_dataset(packed_files("hdf5", "jpeg")), 2, **options)

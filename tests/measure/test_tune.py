@@ -215,6 +215,16 @@ def test_auto_uses_the_saved_recommendation(private):
     assert given.prefetch_factor == 3  # a given prefetch_factor wins
 
 
+def test_auto_keeps_the_recommended_workers_within_max_cpu(private, monkeypatch):
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    write_tune_json(tuned(private, {0: 100, 1: 200, 2: 300}), tune_json_path(private))
+    dataset = open_dataset(private)
+    for max_cpu, workers in ((None, 2), (0.5, 2), (0.25, 1)):
+        loader = make_loader(dataset, 4, num_workers="auto", max_cpu=max_cpu, multiprocessing_context="fork")
+        assert loader.num_workers == workers
+        close_loader(loader)
+
+
 def test_auto_ignores_a_tune_file_of_another_file(private, small_raw, tmp_path):
     other = tmp_path / "other.h5"
     shutil.copyfile(small_raw, other)
