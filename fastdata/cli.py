@@ -20,7 +20,7 @@ from fastdata.converters.report import ON_ERROR
 from fastdata.converters.staging import check_output
 from fastdata.converters.textsources import SOURCE_FORMATS
 from fastdata.errors import FastdataError, NotFoundError, OptionError
-from fastdata.formats.records import IMAGE_STORAGES
+from fastdata.formats.records import IMAGE_MODES, IMAGE_STORAGES
 from fastdata.formats.shards import CONTAINER_EXTENSIONS
 
 CONTAINERS = tuple(CONTAINER_EXTENSIONS)
@@ -218,6 +218,8 @@ def _image_field_options(command):
         click.option("--quality", type=click.IntRange(1, 100), default=None, help="JPEG quality [default: 90]."),
         click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
                      help="How images reach --size [default: crop; pad for coco]."),
+        click.option("--mode", type=click.Choice(IMAGE_MODES), default=None,
+                     help="Images stored in colour (RGB, the default) or grey (L: one channel)."),
         click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
                      help="A shard folder OUT's container [default: hdf5]; a file's is its extension's."),
         click.option("--shard-size", type=_ByteSize(), default=None,

@@ -73,8 +73,9 @@ def _records_in(name, start, stop, columns, num_samples):
 def _check_values(report, name, field, column):
     """Decode every value of a field stored encoded (images, text, JSON); report those that do not."""
     if field.type == "image" and field.storage != "raw":
-        check, what = (lambda data: _image_size(data, field.storage) == tuple(field.size)), \
-            f"{field.storage} images decode to {field.size[0]}x{field.size[1]}"
+        shape = (*field.size, field.channels)
+        check, what = (lambda data: _image_shape(data, field.storage, field.mode or "RGB") == shape), \
+            f"{field.storage} images decode to {field.size[0]}x{field.size[1]} {field.mode or 'RGB'}"
     elif field.type in ("str", "json"):
         check, what = (lambda data: _parses(data, field.type)), "UTF-8 text" if field.type == "str" else "JSON"
     else:
@@ -93,12 +94,13 @@ def _check_values(report, name, field, column):
         report.problems.append(Problem("values", f"field {name!r}: {format_samples(bad)}: not {what}", bad))
 
 
-def _image_size(data, storage):
+def _image_shape(data, storage, mode):
+    """Return ``(height, width, channels)`` stored ``data`` decodes to; a stored image of another mode is damage."""
     if storage == "jpeg":
-        return decode_jpeg(data).shape[:2]
+        return decode_jpeg(data, grey=mode == "L").shape
     with Image.open(io.BytesIO(bytes(data))) as img:
         img.load()
-        return img.height, img.width
+        return img.height, img.width, len(img.getbands()) if img.mode == mode else 0
 
 
 def _parses(data, kind):

@@ -209,14 +209,14 @@ def _crop_box(w, h, width, height):
 
 
 def encode_jpeg(pixels, quality):
-    """Encode uint8 ``[H, W, 3]`` pixels as JPEG bytes."""
+    """Encode uint8 ``[H, W, 3]`` (RGB) or ``[H, W]`` (grey) pixels as JPEG bytes."""
     buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=quality)
+    Image.fromarray(pixels, "RGB" if pixels.ndim == 3 else "L").save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()
 
 
-def decode_jpeg(data, out=None):
-    """Decode JPEG bytes (any buffer) to uint8 ``[H, W, 3]``, into ``out`` if given.
+def decode_jpeg(data, out=None, grey=False):
+    """Decode JPEG bytes (any buffer) to uint8 ``[H, W, 3]`` (``grey``: ``[H, W, 1]``), into ``out`` if given.
 
     Uses simplejpeg where installed (``fastdata[jpeg]``): it gives the same
     pixels as Pillow (both are libjpeg-turbo with the same settings), runs
@@ -224,17 +224,18 @@ def decode_jpeg(data, out=None):
     releases the GIL for the whole decode, so decoding threads scale with
     cores. Pillow otherwise.
     """
+    mode = "L" if grey else "RGB"
     if _simplejpeg is not None:
-        return _simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=out)
+        return _simplejpeg.decode_jpeg(data, colorspace="GRAY" if grey else "RGB", buffer=out)
     with Image.open(io.BytesIO(data)) as img:
-        pixels = np.asarray(img.convert("RGB") if img.mode != "RGB" else img)
+        pixels = np.asarray(img.convert(mode) if img.mode != mode else img).reshape(img.height, img.width, -1)
     if out is None:
         return pixels
     out[...] = pixels
     return out
 
 
-def jpeg_decoder_into():
+def jpeg_decoder_into(grey=False):
     """Return ``decode(data, buffer=out)``, decode_jpeg into ``out`` with no Python frame of ours in between.
 
     For loops over many small images, where every call runs under the GIL:
@@ -243,8 +244,8 @@ def jpeg_decoder_into():
     otherwise.
     """
     if _simplejpeg is not None:
-        return _simplejpeg.decode_jpeg  # RGB is its default colorspace
-    return lambda data, buffer: decode_jpeg(data, buffer)
+        return functools.partial(_simplejpeg.decode_jpeg, colorspace="GRAY") if grey else _simplejpeg.decode_jpeg
+    return lambda data, buffer: decode_jpeg(data, buffer, grey)
 
 
 # NOTE [fast DCT scales]: libjpeg-turbo decodes at any scale M/8, but only

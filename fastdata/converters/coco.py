@@ -111,10 +111,11 @@ def _placed(boxes, path, spec):
     return (boxes * scale + np.array([left, top, 0, 0])).astype(np.float32)
 
 
-def convert_coco(annotations, out, *, images=None, size=64, storage="raw", quality=None, resize="pad", **options):
+def convert_coco(annotations, out, *, images=None, size=64, storage="raw", quality=None, resize="pad", mode=None,
+                 **options):
     """Convert a COCO-style detection set into the record file ``out`` (see read_coco).
 
     ``images``: the folder of its images (default: the annotations' folder). ``options``: fastdata.write's.
     """
-    schema, records, described = read_coco(annotations, images, ImageOptions(size, storage, quality, resize))
+    schema, records, described = read_coco(annotations, images, ImageOptions(size, storage, quality, resize, mode))
     return write(records, out, schema, source=described, **options)

@@ -136,12 +136,14 @@ def _image(field, value):
         if isinstance(exc, Mismatch):
             raise
         raise Mismatch(f"is not a usable image ({type(exc).__name__}: {exc})") from exc
+    if field.mode == "L":  # the luma of the prepared RGB pixels: a grey source's own values (R = G = B)
+        pixels = np.asarray(Image.fromarray(pixels, "RGB").convert("L"))
     if field.storage == "raw":
-        return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1) if pixels.ndim == 3 else pixels[None])
     if field.storage == "jpeg":
         return np.frombuffer(encode_jpeg(pixels, field.quality), np.uint8)
     buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, format="PNG")
+    Image.fromarray(pixels).save(buffer, format="PNG")
     return np.frombuffer(buffer.getvalue(), np.uint8)
 
 

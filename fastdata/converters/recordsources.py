@@ -8,6 +8,7 @@ columns named as such (``image=``) or typed so (a Hugging Face ``Image``).
 """
 
 import csv
+import dataclasses
 import json
 import os
 import tarfile
@@ -29,14 +30,15 @@ HF_INFO = "dataset_info.json"
 
 
 class ImageOptions:
-    """How the image fields of a source are stored: ``Field("image", size, storage, quality, resize)``."""
+    """How the image fields of a source are stored: ``Field("image", size, storage, quality, resize, mode)``."""
 
-    def __init__(self, size=(64, 64), storage="raw", quality=None, resize=None):
+    def __init__(self, size=(64, 64), storage="raw", quality=None, resize=None, mode=None):
         self.size = (size, size) if isinstance(size, int) else tuple(size)
-        self.storage, self.quality, self.resize = storage, quality, resize
+        self.storage, self.quality, self.resize, self.mode = storage, quality, resize, mode
 
     def field(self):
-        return Field("image", size=self.size, storage=self.storage, quality=self.quality, resize=self.resize)
+        return Field("image", size=self.size, storage=self.storage, quality=self.quality, resize=self.resize,
+                     mode=self.mode)
 
 
 # ---------------------------------------------------------------- tables: CSV, TSV, JSON Lines, Parquet
@@ -177,7 +179,10 @@ def _schema_of(arrow_schema, features, images, image_options):
     for column in arrow_schema:
         feature = features.get(column.name, {})
         if column.name in images or feature.get("_type") == "Image":
-            schema[column.name] = image_options.field()
+            field = image_options.field()
+            if image_options.mode is None and feature.get("mode") == "L":  # Image(mode="L"): kept grey
+                field = dataclasses.replace(field, mode="L")
+            schema[column.name] = field
             if column.name not in images:
                 images.append(column.name)
         elif feature.get("_type") == "ClassLabel":
@@ -358,28 +363,31 @@ def check_images(images):
 # ---------------------------------------------------------------- conversions: a reader, then fastdata.write
 
 
-def convert_table(src, out, *, image=(), size=64, storage="raw", quality=None, resize=None, **options):
+def convert_table(src, out, *, image=(), size=64, storage="raw", quality=None, resize=None, mode=None,
+                  **options):
     """Convert the CSV/TSV/JSONL/Parquet manifest ``src`` into the record file ``out`` (see read_table).
 
     ``image``: the column(s) holding image paths or bytes, stored at ``size`` (N or (H, W)) as ``storage``
-    (raw, jpeg, png). ``options``: fastdata.write's (workers, executor, on_error, overwrite, progress).
+    (raw, jpeg, png), in ``mode`` (RGB, or L: grey). ``options``: fastdata.write's (workers, executor,
+    on_error, overwrite, progress).
     """
-    schema, records, described = read_table(src, check_images(image), ImageOptions(size, storage, quality, resize))
+    image_options = ImageOptions(size, storage, quality, resize, mode)
+    schema, records, described = read_table(src, check_images(image), image_options)
     return write(records, out, schema, source=described, **options)
 
 
-def convert_hf(src, out, *, image=(), size=64, storage="raw", quality=None, resize=None, **options):
+def convert_hf(src, out, *, image=(), size=64, storage="raw", quality=None, resize=None, mode=None, **options):
     """Convert a dataset folder saved by ``datasets``' save_to_disk into the record file ``out``.
 
     Its features decide the fields: Image -> image, ClassLabel -> int with its names, Value -> int,
     float or str, Sequence -> tokens or ragged; others -> json. Options as convert_table's.
     """
     schema, records, described = read_hf_dataset(src, check_images(image),
-                                                 ImageOptions(size, storage, quality, resize))
+                                                 ImageOptions(size, storage, quality, resize, mode))
     return write(records, out, schema, source=described, **options)
 
 
-def convert_webdataset(srcs, out, *, size=64, storage="raw", quality=None, resize=None, **options):
+def convert_webdataset(srcs, out, *, size=64, storage="raw", quality=None, resize=None, mode=None, **options):
     """Convert WebDataset ``.tar`` shards ``srcs`` into the record file ``out`` (see read_webdataset)."""
-    schema, records, described = read_webdataset(srcs, ImageOptions(size, storage, quality, resize))
+    schema, records, described = read_webdataset(srcs, ImageOptions(size, storage, quality, resize, mode))
     return write(records, out, schema, source=described, **options)

@@ -6,7 +6,7 @@ type decides how it is stored and batched:
 ==========  ====================================  ==========================================
 type        value                                 stored as (``name``, ``name.offsets``)
 ==========  ====================================  ==========================================
-``image``   RGB pixels, one size for the file     raw: uint8 ``[N, 3, H, W]``; jpeg, png:
+``image``   RGB (or grey) pixels, one size        raw: uint8 ``[N, C, H, W]``; jpeg, png:
                                                   encoded bytes + offsets
 ``tokens``  integer ids, any length (0 too)       ``dtype`` values + offsets
 ``int``     one integer                           int64 ``[N]``
@@ -39,13 +39,14 @@ LABEL_FIELD = "label"  # a (sample, label) file's labels, read as records: NOTE 
 SAMPLE_FIELDS = {"image": "image", "text": "tokens"}  # its samples' field, by the file's kind
 FIELD_TYPES = ("image", "tokens", "int", "float", "array", "ragged", "str", "bytes", "json")
 IMAGE_STORAGES = ("raw", "jpeg", "png")
+IMAGE_MODES = ("RGB", "L")  # 3 channels, or 1 (grey)
 RESIZE_MODES = ("crop", "pad", "stretch")  # codecs.images.RESIZE_MODES: formats/ imports no codec
 OFFSETS_SUFFIX = ".offsets"
 LENGTHS_SUFFIX = "_lengths"  # a ragged field's lengths in a batch: ``batch["boxes_lengths"]``
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DEFAULT_DTYPES = {"tokens": "int32", "int": "int64", "float": "float64", "array": "float32", "ragged": "float32"}
 _BYTE_TYPES = ("str", "bytes", "json")
-_OPTIONS = {"image": {"size", "storage", "quality", "resize"}, "tokens": {"dtype"}, "int": {"dtype", "names"},
+_OPTIONS = {"image": {"size", "storage", "quality", "resize", "mode"}, "tokens": {"dtype"}, "int": {"dtype", "names"},
             "float": {"dtype"}, "array": {"dtype", "shape"}, "ragged": {"dtype", "shape", "boxes"}}  # each type's
 
 
@@ -64,6 +65,7 @@ class Field:
             "jpeg" or "png" (encoded, decoded per batch).
         quality: ``image`` with ``storage="jpeg"``: the JPEG quality.
         resize: ``image``: "crop", "pad" or "stretch" (see codecs.images.ImageSpec).
+        mode: ``image``: "RGB" (default: 3 channels) or "L" (grey: 1 channel, the luma of an RGB source).
         names: ``int``: the class names its values index (a ClassLabel's), kept in the file.
         boxes: ``ragged`` of shape (4,): the image field whose boxes (x, y, width, height in its
             pixels) these are, so that a loader's augmentation moves them with their image.
@@ -81,6 +83,7 @@ class Field:
     resize: str | None = None
     names: tuple | None = None
     boxes: str | None = None
+    mode: str | None = None  # an image's; None for RGB, which files written before it hold
 
     def to_dict(self, name):
         """Return the field's JSON object, as the file's metadata stores it."""
@@ -96,8 +99,13 @@ class Field:
     def row_shape(self):
         """The shape of one stored row of the values column: a record's value (fixed) or one row of it (ragged)."""
         if self.type == "image":
-            return (3, *self.size) if self.storage == "raw" else ()
+            return (self.channels, *self.size) if self.storage == "raw" else ()
         return tuple(self.shape or ())
+
+    @property
+    def channels(self):
+        """An image's channels: 1 for mode "L", else 3."""
+        return 1 if self.mode == "L" else 3
 
     @property
     def stored_dtype(self):
@@ -168,7 +176,10 @@ def _image_field(spec, name):
             raise OptionError(f"image field {name!r}: quality should be an integer 1..100, got {quality!r}")
     elif spec.quality is not None:
         raise OptionError(f"image field {name!r}: quality applies to storage='jpeg' only")
-    return Field("image", size=size, storage=storage, quality=quality, resize=spec.resize or "crop")
+    if spec.mode not in (None, *IMAGE_MODES):
+        raise OptionError(f"image field {name!r}: mode should be one of {IMAGE_MODES}, got {spec.mode!r}")
+    return Field("image", size=size, storage=storage, quality=quality, resize=spec.resize or "crop",
+                 mode="L" if spec.mode == "L" else None)
 
 
 def _numeric_dtype(spec, name):

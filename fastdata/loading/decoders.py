@@ -12,7 +12,7 @@ from torch.utils.data import get_worker_info
 
 from fastdata._cpu import usable_cpus
 from fastdata.codecs.images import decode_jpeg, decode_jpeg_resized_crop, jpeg_decoder_into, jpeg_size
-from fastdata.errors import FormatError
+from fastdata.errors import FormatError, OptionError
 from fastdata.reading.buffers import BufferPool
 from fastdata.reading.parts import Part, Parts
 from fastdata.reading.rowcopy import RowCopier
@@ -75,7 +75,7 @@ class Decoder(abc.ABC):
 
 
 class _ImageDecoder(Decoder):
-    """Shared by image decoders: every sample is uint8 ``[3, H, W]``."""
+    """Shared by image decoders: every sample is uint8 ``[C, H, W]`` (``sample_shape``: 3 channels, or 1 grey)."""
 
     def __init__(self, metadata, path):
         super().__init__(metadata, path)
@@ -86,7 +86,7 @@ class _ImageDecoder(Decoder):
 
 
 class RawImageDecoder(_ImageDecoder):
-    """uint8 images stored as fixed ``[3, H, W]`` rows: reading is a copy."""
+    """uint8 images stored as fixed ``[C, H, W]`` rows: reading is a copy."""
 
     read_options = ("threads",)
     copies_in_background = True
@@ -166,7 +166,7 @@ class JpegImageDecoder(_ImageDecoder):
     def item(self, columns, index, path=None):
         data = columns.samples[columns.offsets[index] : columns.offsets[index + 1]]
         try:
-            pixels = decode_jpeg(data)
+            pixels = decode_jpeg(data, grey=self.sample_shape[0] == 1)
         except Exception as exc:
             raise self._damaged(path or self.path, index, exc) from exc
         return torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))
@@ -206,6 +206,9 @@ class JpegImageDecoder(_ImageDecoder):
             sources += [memoryview(columns.samples)] * len(indices)
             starts += columns.offsets[indices].tolist()
             stops += columns.offsets[indices + 1].tolist()
+        if crop is not None and channels != 3:
+            raise OptionError("the crop fused into decoding decodes RGB JPEGs; these are grey: crop on the device "
+                              "instead (make_loader(device=..., augment=...) without the fused crop)")
         boxes = None if crop is None else self._crop_boxes(crop, parts, sources, starts, stops)
         if crop is not None:
             height, width = (int(side) for side in crop.size)
@@ -213,7 +216,7 @@ class JpegImageDecoder(_ImageDecoder):
         rows = itertools.count()  # next() is atomic under the GIL
 
         def decode_rows():  # the least Python per image: it runs under the GIL, between decodes
-            row, count, decode, size = None, len(starts), jpeg_decoder_into(), (height, width)
+            row, count, decode, size = None, len(starts), jpeg_decoder_into(channels == 1), (height, width)
             try:
                 for row in rows:
                     if row >= count:

@@ -5,7 +5,7 @@ A (sample, label) file of the image or text converter opens as records too:
 decoders its pairs are read with (NOTE [samples as records] in formats/records.py).
 
 A batch is one dict: fixed fields stacked (``int`` int64 ``[B]``, ``float``
-``[B]``, ``array`` ``[B, *shape]``, images uint8 ``[B, 3, H, W]``, decoded
+``[B]``, ``array`` ``[B, *shape]``, images uint8 ``[B, C, H, W]`` (C 3, or 1 grey), decoded
 per batch where stored encoded), ``tokens`` and ``ragged`` fields padded with
 zeros to the batch's longest (``[B, T]``, ``[B, T, *shape]``) beside their
 lengths (``batch["tokens_lengths"]``, int64 ``[B]``), and ``str``, ``bytes``
@@ -237,7 +237,7 @@ class RecordDataset(Dataset):
             if field.type in ("str", "bytes", "json"):
                 continue
             if field.type == "image":
-                row = 3 * field.size[0] * field.size[1]
+                row = field.channels * field.size[0] * field.size[1]
             elif field.type in ("tokens", "ragged"):
                 if longest is None or name not in longest:
                     return None
@@ -307,7 +307,7 @@ def _merged(parts, count, fields):
 
 def _described(name, field):
     if field.type == "image":
-        return f"{name} image uint8[3,{field.size[0]},{field.size[1]}] {field.storage}"
+        return f"{name} image uint8[{field.channels},{field.size[0]},{field.size[1]}] {field.storage}"
     if field.type in ("array", "ragged", "tokens", "float"):
         dims = (["n"] if field.type == "ragged" else []) + [str(side) for side in field.shape or ()]
         return f"{name} {field.type} {field.dtype}" + (f"[{','.join(dims)}]" if dims else "")
@@ -319,7 +319,7 @@ def _image_decoders(schema, fields, path):
     for name in fields:
         field = schema[name]
         if field.type == "image" and field.storage in ("raw", "jpeg"):
-            metadata = {"sample_shape": [3, *field.size]}
+            metadata = {"sample_shape": [field.channels, *field.size]}
             decoders[name] = (RawImageDecoder if field.storage == "raw" else JpegImageDecoder)(metadata, path)
     return decoders
 
@@ -368,13 +368,13 @@ def _byte_values(column, indices, kind, name, path):
 
 
 def _png_images(column, indices, field, name, path):
-    out = np.empty((len(indices), *field.size, 3), np.uint8)
-    offsets = column.offsets
+    out = np.empty((len(indices), *field.size, field.channels), np.uint8)
+    offsets, mode = column.offsets, field.mode or "RGB"
     for row, index in enumerate(indices.tolist()):
         data = column.values[offsets[index] : offsets[index + 1]]
         try:
             with Image.open(io.BytesIO(data)) as img:
-                out[row] = np.asarray(img.convert("RGB"))
+                out[row] = np.asarray(img.convert(mode)).reshape(out.shape[1:])
         except (OSError, ValueError) as exc:
             raise FormatError(f"{path!r}: the stored PNG of field {name!r}, record {index}, does not decode "
                               f"({type(exc).__name__}: {exc}); the file is damaged: write it again") from exc

@@ -4,6 +4,7 @@ read back equal."""
 import csv
 import io
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -251,3 +252,27 @@ def test_the_cli_converts_each_source(photos, tmp_path):
     assert result.exit_code == 0, result.output
     result = run_cli("convert", "coco", str(annotations), str(tmp_path / "d.h5"), "--resize", "crop")
     assert result.exit_code == 1 and "would cut boxes off" in result.output
+
+
+def test_a_grey_hugging_face_image_feature_stays_grey_and_the_cli_asks_for_grey(photos, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"image": datasets.Image(mode="L"), "label": datasets.Value("int64")})
+    dataset = datasets.Dataset.from_dict({"image": [str(path) for path, _ in photos], "label": list(range(6))},
+                                         features=features)
+    dataset.save_to_disk(str(tmp_path / "hf"))
+    convert_hf(tmp_path / "hf", tmp_path / "hf.h5", size=SIZE, progress=False)
+    converted = open_dataset(tmp_path / "hf.h5")
+    assert converted.schema["image"].mode == "L"
+    grey = converted.read_batch(np.arange(6))["image"]
+    assert grey.shape == (6, 1, *SIZE)
+    for row, (_, data) in enumerate(photos):  # the luma of the RGB pixels stored without the mode
+        rgb = np.ascontiguousarray(_stored(data).transpose(1, 2, 0))
+        np.testing.assert_array_equal(grey[row, 0].numpy(), np.asarray(Image.fromarray(rgb).convert("L")))
+    table = tmp_path / "rows.csv"
+    table.write_text("path,label\n" + "".join(f"{path.name},{number}\n" for number, (path, _) in enumerate(photos)))
+    shutil.copytree(photos[0][0].parent, tmp_path, dirs_exist_ok=True)
+    result = run_cli("convert", "table", table, tmp_path / "table.h5", "--image", "path", "--mode", "L", "--size",
+                     f"{SIZE[0]}x{SIZE[1]}", "--quiet")
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(open_dataset(tmp_path / "table.h5").read_batch(np.arange(6))["path"].numpy(),
+                                  grey.numpy())

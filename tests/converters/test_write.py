@@ -4,10 +4,11 @@ import io
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from support import overwrite, run_cli
 
-from fastdata import Field, OptionError, SampleError, open_dataset, write
+from fastdata import Field, OptionError, SampleError, make_loader, open_dataset, write
 from fastdata.codecs.images import ImageSpec, decode_jpeg, encode_jpeg, load_image, prepare_pixels
 from fastdata.formats import read_records
 from fastdata.info import describe
@@ -270,3 +271,63 @@ def test_a_function_workers_cannot_run_is_refused_before_any_work(tmp_path, imag
     with pytest.raises(OptionError, match="workers should be a positive integer"):
         write(image_files, tmp_path / "x.h5", _PAIRS, workers=0)
     assert not (tmp_path / "x.h5").exists()
+
+
+def _luma(rgb_chw):
+    """The grey pixels PIL makes of RGB ``[3, H, W]``: ``[H, W]``."""
+    return np.asarray(Image.fromarray(np.ascontiguousarray(rgb_chw.transpose(1, 2, 0)), "RGB").convert("L"))
+
+
+@pytest.mark.parametrize("storage", ["raw", "jpeg", "png"])
+@pytest.mark.parametrize("ext", ["h5", "arrow"])
+def test_grey_image_fields_hold_one_channel_the_luma_of_the_stored_pixels(tmp_path, image_files, storage, ext):
+    size = (20, 24)
+    out = tmp_path / f"grey.{ext}"
+    write([{"image": path} for path in image_files], out, {"image": Field("image", size=size, storage=storage,
+                                                                          mode="L")})
+    dataset = open_dataset(out)
+    batch = dataset.read_batch(np.arange(len(image_files))[::-1])["image"]
+    assert batch.shape == (len(image_files), 1, *size) and batch.dtype == torch.uint8
+    columns, _, _ = read_records(out)
+    for row, path in enumerate(image_files[::-1]):
+        expected = _luma(_expected(path, size))
+        if storage == "jpeg":  # lossy: the stored JPEG decodes to the same pixels in PIL, near the luma
+            index = len(image_files) - 1 - row
+            data = columns["image"].values[columns["image"].offsets[index] : columns["image"].offsets[index + 1]]
+            with Image.open(io.BytesIO(data.tobytes())) as img:
+                assert img.mode == "L"
+                np.testing.assert_array_equal(batch[row, 0].numpy(), np.asarray(img))
+            assert np.abs(batch[row, 0].numpy().astype(int) - expected).mean() < 4
+        else:
+            np.testing.assert_array_equal(batch[row, 0].numpy(), expected)
+    assert dataset[0]["image"].shape == (1, *size)
+    assert verify(out).ok and f"image image uint8[1,{size[0]},{size[1]}] {storage}" in repr(dataset)
+
+
+def test_a_grey_source_keeps_its_own_values(tmp_path):
+    pixels = np.random.default_rng(5).integers(0, 256, (14, 10), dtype=np.uint8)
+    write([{"image": Image.fromarray(pixels, "L")}], tmp_path / "grey.h5",
+          {"image": Field("image", size=(14, 10), mode="L")})
+    np.testing.assert_array_equal(open_dataset(tmp_path / "grey.h5")[0]["image"][0].numpy(), pixels)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_grey_batches_go_through_workers_and_the_device_pipeline(tmp_path, image_files, num_workers):
+    out = tmp_path / "grey.arrow"
+    write([{"image": path, "id": index} for index, path in enumerate(image_files * 3)], out,
+          {"image": Field("image", size=(16, 16), storage="jpeg", mode="L"), "id": "int"})
+    plain = list(make_loader(open_dataset(out), 4, shuffle=True, seed=1))
+    loader = make_loader(open_dataset(out), 4, shuffle=True, seed=1, num_workers=num_workers, device="cpu",
+                         normalize=((0.5,), (0.25,)))
+    try:
+        for raw, batch in zip(plain, loader, strict=True):
+            assert batch["image"].shape == (len(raw["id"]), 1, 16, 16) and torch.equal(batch["id"], raw["id"])
+            torch.testing.assert_close(batch["image"], (raw["image"].float() / 255 - 0.5) / 0.25)
+    finally:
+        loader.close()
+
+
+def test_an_image_mode_other_than_rgb_or_grey_is_refused(tmp_path):
+    with pytest.raises(OptionError, match=r"image field 'image': mode should be one of \('RGB', 'L'\), got 'CMYK'"):
+        write([{"image": np.zeros((4, 4, 3), np.uint8)}], tmp_path / "x.h5",
+              {"image": Field("image", size=(4, 4), mode="CMYK")})
