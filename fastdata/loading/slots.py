@@ -33,8 +33,12 @@ def joined(tensors, shape):
 
 
 def slot_bytes(batch_bytes, tensors=MAX_TENSORS):
-    """Return the bytes of a slot that holds a batch of ``batch_bytes`` in ``tensors`` tensors or fewer."""
-    return batch_bytes + tensors * ALIGN
+    """Return the bytes of a slot that holds a batch of ``batch_bytes`` in ``tensors`` tensors or fewer.
+
+    A whole number of ALIGN: slots lie end to end in one buffer, so each must start aligned too (an int64
+    tensor in the second slot after one of 66,060 bytes could not be viewed).
+    """
+    return -(-(batch_bytes + tensors * ALIGN) // ALIGN) * ALIGN
 
 
 def layout_of(tensors):
