@@ -31,7 +31,7 @@ import torch
 from PIL import Image
 from support import free_port, run_cli, train_hf_tokenizer
 
-from fastdata import HDF5Dataset, convert_imagefolder, make_loader, open_dataset
+from fastdata import HDF5Dataset, convert_imagefolder, make_loader, open_dataset, write
 from fastdata.measure.synthetic import make_imagefolder, make_text_corpus
 
 pytestmark = pytest.mark.integration  # the README's commands, servers and schedulers
@@ -67,7 +67,9 @@ RUN = {
     (DEVICE, "python", 0): "test_the_device_pipeline_augments_normalizes_and_casts",
     (TEXT, "bash", 0): "test_every_text_source_converts_and_loads_in_buckets",
     (TEXT, "python", 0): "test_every_text_source_converts_and_loads_in_buckets",
+    (TEXT, "python", 1): "test_a_corpus_loads_as_language_model_sequences",
     (RECORDS, "python", 0): "test_records_of_named_fields_write_and_load_as_dict_batches",
+    (RECORDS, "python", 1): "test_a_record_folder_resumes_and_runs_in_parts",
     (RECORDS, "bash", 0): "test_every_record_source_converts_from_the_command_line",
     (MEASURING, "bash", 0): "test_bench_and_tune_measure_a_folder_and_a_file",
     (MEASURING, "python", 0): "test_profile_reports_one_line_shaped_as_the_readme_shows",
@@ -546,6 +548,50 @@ def test_records_of_named_fields_write_and_load_as_dict_batches(photos, tmp_path
         assert order[row] == label and int(batch["boxes_lengths"][row]) == len(boxes)
         np.testing.assert_array_equal(batch["boxes"][row, : len(boxes)].numpy(), boxes)
     assert len(names["captions"]) == len(paths) and list(names["captions"][0]) == ["caption"]
+
+
+def _file_record(path):
+    """The README's ``make_record``: a top-level function, as worker processes need."""
+    return {"path": path, "bytes": os.path.getsize(path)}
+
+
+def test_a_record_folder_resumes_and_runs_in_parts(photos, tmp_path, monkeypatch):
+    paths = sorted(str(path) for path in Path(photos).rglob("*") if path.is_file())
+    monkeypatch.chdir(tmp_path)
+    first, second = snippet(RECORDS, "python", 1).strip().splitlines()
+    run_snippet(first, write=write, paths=paths, make_record=_file_record)  # nothing to resume: writes it all
+    batch = open_dataset(tmp_path / "photos").read_batch(np.arange(len(paths)))
+    assert batch["path"] == paths and batch["bytes"].tolist() == [os.path.getsize(path) for path in paths]
+    report = run_snippet(f"report = {second.split('#')[0].strip()}", write=write, paths=paths,
+                         make_record=_file_record)["report"]
+    assert report.finished  # a part of the same conversion: the folder is finished already
+    run_snippet(second.replace('"photos/"', '"parts/"'), write=write, paths=paths, make_record=_file_record)
+    assert not (tmp_path / "parts" / "index.json").exists()  # part 3 of 16 alone: the other parts are to come
+
+
+def test_a_corpus_loads_as_language_model_sequences(tmp_path, monkeypatch):
+    hf = pytest.importorskip("tokenizers")
+    texts = [" ".join(f"word{(number * 7 + index) % 50}" for index in range(number * 13 % 900 + 1))
+             for number in range(40)]
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    tokenizer = hf.Tokenizer(hf.models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = hf.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(texts, hf.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]",
+                                                                                     "<|endoftext|>"]))
+    tokenizer.save(str(tmp_path / "tok.json"))
+    assert "wrote 'corpus.h5': 40 samples" in run_bash(
+        ["fastdata convert text corpus.jsonl corpus.h5 --tokenizer tok.json --no-labels --quiet"], tmp_path)
+    monkeypatch.chdir(tmp_path)
+    names = run_snippet(recording(snippet(TEXT, "python", 1), "seen.append(batch)"), seen=[],
+                        open_dataset=open_dataset, make_loader=make_loader)
+    eod = tokenizer.token_to_id("<|endoftext|>")
+    stream = np.concatenate([tokenizer.encode(text).ids + [eod] for text in texts])
+    rows = [row for batch in names["seen"] for row in batch["input_ids"]]
+    assert all(batch["input_ids"].shape[1] == 2048 for batch in names["seen"])
+    assert len(rows) == -(-(len(stream) - 1) // 2048)
+    inputs = stream[: len(rows) * 2048].tolist()
+    padding = [tokenizer.token_to_id("[PAD]")] * (len(rows) * 2048 - len(inputs))
+    assert sorted(np.concatenate(rows).tolist()) == sorted(inputs + padding)  # the sequences come shuffled
 
 
 def _as_jpeg(path):

@@ -279,6 +279,12 @@ class Tokenizer:
             description.update(hf_json=self.hf_json, add_special_tokens=self.add_special_tokens)
         return description
 
+    def token_id(self, token):
+        """Return the id of ``token`` (a special token such as ``"<|endoftext|>"`` too), or None if it has none."""
+        if self.kind == "hf":
+            return self._hf.token_to_id(token)
+        return self._index.get(token) if self.kind == "words" else None
+
     # ----- encoding -----------------------------------------------------------------------------
 
     def normalize(self, text):

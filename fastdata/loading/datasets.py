@@ -189,6 +189,28 @@ class PackedDataset(BatchReads, Dataset):
             raise TypeError(f"{self.path!r} holds fixed-size {self.kind} samples; lengths are for ragged ones")
         return lengths
 
+    def read_tokens(self, documents, within):
+        """Return the stored ids at positions ``within`` of ``documents`` (int64 ``[K]`` each, checked by the
+        caller): int64 ``[K]``. Text only; one read of the files the documents lie in (a lease held through it)."""
+        if self.kind != "text":
+            raise TypeError(f"{self.path!r} holds {self.kind} samples; token ids are read from text files")
+        unique, inverse = np.unique(documents, return_inverse=True)
+        out = np.empty(len(documents), np.int64)
+        self._store.enter()  # see NOTE [read leases] in leases.py
+        try:
+            parts = self._store.parts(unique)
+            try:
+                for columns, rows, start, stop in zip(parts.columns, _split(parts.indices, parts.bounds),
+                                                      parts.bounds, parts.bounds[1:]):
+                    mine = (inverse >= start) & (inverse < stop)
+                    offsets = np.asarray(columns.offsets)[rows][inverse[mine] - start]
+                    out[mine] = np.asarray(columns.samples)[offsets + within[mine]]
+            finally:
+                parts.release()
+        finally:
+            self._store.leave()
+        return out
+
     def __len__(self):
         return self._num_samples
 
@@ -350,6 +372,11 @@ class ArrowDataset(PackedDataset):
 
     format = "arrow"
     _read = staticmethod(read_arrow)
+
+
+def _split(indices, bounds):
+    """Return ``indices[bounds[j]:bounds[j + 1]]`` for each part ``j``."""
+    return [indices[start:stop] for start, stop in zip(bounds, bounds[1:])]
 
 
 def open_dataset(

@@ -344,7 +344,7 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
             raise OptionError(f"{', '.join(given)} transform image fields; {dataset.path!r} reads none "
                               f"(fields {', '.join(dataset.fields)})")
     device = _check_device(device)
-    if given and getattr(dataset, "kind", None) == "text":
+    if given and getattr(dataset, "kind", None) in ("text", "sequences"):
         raise OptionError(f"{', '.join(given)} apply to image batches; a text dataset's batches only move to "
                           f"device={str(device)!r}")
     if augment is not None and not callable(augment):

@@ -37,6 +37,7 @@ from fastdata.loading.helper import HelperProcess
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.records import RecordDataset
 from fastdata.loading.samplers import BatchIndexSampler, resolve_rank
+from fastdata.loading.sequences import token_sequences
 from fastdata.loading.transport import SharedSlots
 from fastdata.loading.workers import WorkerLoader, worker_loader
 from fastdata.reading.order import SHUFFLES
@@ -73,6 +74,9 @@ def make_loader(
     threads: int | None = None,
     helper_process: bool | str = "auto",
     max_cpu: float | None = None,
+    seq_len: int | None = None,
+    packing: str = "concat",
+    eod: int | str | None = None,
 ) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
@@ -176,6 +180,16 @@ def make_loader(
             which cap the threads in this process or the helper and the
             worker processes of ``num_workers="auto"``; ``threads`` or
             ``num_workers`` given above it are refused. Default: no cap.
+        seq_len: a text dataset only: yield language-model sequences of
+            this many tokens, cut at load time from its documents joined end
+            to end with ``eod`` after each (``packing="concat"``, NOTE
+            [concat packing] in sequences.py): dict batches of
+            ``input_ids``, ``labels`` (the next tokens), ``position_ids``
+            and ``cu_seqlens``; the order, ranks, workers and resume are the
+            sequences'. Nothing is stored: any seq_len, no reconversion.
+        packing: with ``seq_len``: "concat" (every token once an epoch).
+        eod: with ``seq_len``: the end-of-document id, or a token of the
+            file's tokenizer (``"<|endoftext|>"``).
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -196,6 +210,7 @@ def make_loader(
         >>> loader = make_loader(dataset, 256, shuffle=True, device="cuda", augment=RandomResizedCrop(224),
         ...                      normalize=True, dtype=torch.bfloat16, memory_format=torch.channels_last)
     """
+    dataset = token_sequences(dataset, seq_len, packing, eod)
     budget = cpu_budget(max_cpu)
     if isinstance(num_workers, str) and num_workers == "auto":
         num_workers, prefetch_factor = _tuned_settings(dataset, prefetch_factor)

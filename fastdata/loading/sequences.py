@@ -1,0 +1,152 @@
+"""Language-model sequences cut at load time from a text dataset's documents: ``make_loader(seq_len=...)``.
+
+NOTE [concat packing]: the documents, each followed by the end-of-document
+id, are one stream of tokens; sequence ``k`` is its tokens
+``[k * T, k * T + T + 1)`` (T = ``seq_len``): ``input_ids`` the first T,
+``labels`` the last T (the next token of each; the tokens past the stream's
+end are padding, labelled IGNORE_INDEX). Every token of the stream is an
+input once and a label once an epoch (the first token is never a label).
+Nothing is stored: the cut is arithmetic on the documents' lengths, so a
+new ``seq_len`` or end-of-document id needs no conversion, and a sequence
+is an index like any sample: make_loader's orders, shuffles, ranks (any
+world size), worker processes and exact resume apply to sequences as they
+do to images.
+"""
+
+import hashlib
+import json
+
+import numpy as np
+import torch
+
+from fastdata.codecs.tokenizers import Tokenizer
+from fastdata.errors import OptionError
+from fastdata.loading.batchreads import checked_indices
+from fastdata.loading.datasets import PackedDataset
+
+IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
+PACKINGS = ("concat",)
+
+
+class TokenSequences:
+    """The fixed-length sequences of a text dataset's documents joined end to end (NOTE [concat packing]).
+
+    A batch is a dict of int64 ``[B, T]`` ``input_ids``, ``labels`` and
+    ``position_ids`` (restarting at 0 at each document's first token; the
+    end-of-document id continues its document), and int32 ``cu_seqlens``:
+    the offsets of the batch's documents in its ``B * T`` flattened input
+    tokens (every row starts one), as varlen attention takes them.
+
+    Args:
+        dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus).
+        seq_len: tokens per sequence (T).
+        eod: the end-of-document id, or a token of the file's tokenizer (``"<|endoftext|>"``).
+    """
+
+    kind = "sequences"
+    read_options = ()
+
+    def __init__(self, dataset, seq_len, eod):
+        if not isinstance(dataset, PackedDataset) or dataset.kind != "text":
+            raise OptionError(f"seq_len cuts a text dataset's documents into sequences; got a "
+                              f"{getattr(dataset, 'kind', type(dataset).__name__)!r} dataset")
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise OptionError(f"seq_len should be a positive number of tokens, got seq_len={seq_len!r}")
+        self.dataset, self.seq_len = dataset, seq_len
+        self.eod = _eod_id(eod, dataset)
+        self.pad_id = int(dataset.metadata["tokenizer"]["pad_id"])
+        self.path = dataset.path
+        self.is_remote = False  # a URL's shards are fetched as sequences read them: no fetch-ahead, no block order yet
+        described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": "concat"}
+        self.fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
+        self._starts = None  # the documents' first stream positions, int64 [D + 1]: made in each process
+
+    def __repr__(self):
+        return (f"<TokenSequences of {self.dataset.path!r}: {len(self)} sequences of {self.seq_len} tokens, "
+                f"eod={self.eod}, packing='concat'>")
+
+    def __getstate__(self):
+        return {**self.__dict__, "_starts": None}
+
+    def _stream(self):
+        if self._starts is None:
+            lengths = self.dataset.lengths
+            self._lengths = np.asarray(lengths, np.int64)
+            self._starts = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(self._lengths + 1, out=self._starts[1:])
+        return self._starts, self._lengths
+
+    def __len__(self):
+        tokens = int(self._stream()[0][-1])
+        return -(-(tokens - 1) // self.seq_len) if tokens > 1 else 0
+
+    def __getitem__(self, index):
+        """Return sequence ``index`` as a dict of 1-D tensors (``cu_seqlens`` of its own tokens)."""
+        batch = self.read_batch(np.array([index], np.int64))
+        return {**{name: batch[name][0] for name in ("input_ids", "labels", "position_ids")},
+                "cu_seqlens": batch["cu_seqlens"]}
+
+    def read_batch(self, indices, pin_memory=False):
+        """Return the dict batch of sequences ``indices`` (see the class)."""
+        indices = checked_indices(np.asarray(indices, np.int64), len(self), self.path)
+        starts, lengths = self._stream()
+        width = self.seq_len + 1
+        positions = indices[:, None] * self.seq_len + np.arange(width)  # stream positions [B, T + 1]
+        inside = positions < starts[-1]
+        documents = np.searchsorted(starts, np.minimum(positions, starts[-1] - 1), side="right") - 1
+        within = positions - starts[documents]
+        ends = within == lengths[documents]  # the end-of-document id after each document
+        tokens = np.full(positions.shape, self.pad_id, np.int64)
+        stored = inside & ~ends
+        tokens[stored] = self.dataset.read_tokens(documents[stored], within[stored])
+        tokens[inside & ends] = self.eod
+        labels = tokens[:, 1:].copy()
+        labels[~inside[:, 1:]] = IGNORE_INDEX
+        first = (within == 0) & inside  # a document's first token
+        first[:, 0] = True  # every row starts a segment
+        padding = ~inside
+        first[:, 1:] |= padding[:, 1:] & ~padding[:, :-1]  # the padding after the stream's end is a segment of its own
+        position_ids = np.where(inside, within, np.arange(width) - np.argmax(padding, axis=1)[:, None])
+        batch = {"input_ids": tokens[:, :-1], "labels": labels,
+                 "position_ids": np.ascontiguousarray(position_ids[:, :-1]),
+                 "cu_seqlens": np.append(np.flatnonzero(first[:, :-1]), first[:, :-1].size).astype(np.int32)}
+        batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in batch.items()}
+        return {name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch
+
+    def max_batch_bytes(self, batch_size, **options):
+        """The most bytes of a batch's tensors: three int64 ``[B, T]`` and cu_seqlens (at most ``B * T + 1``)."""
+        tokens = batch_size * self.seq_len
+        return 3 * 8 * tokens + 4 * (tokens + 1) + 4 * 64
+
+    def changed_files(self):
+        return self.dataset.changed_files()
+
+
+def token_sequences(dataset, seq_len, packing, eod):
+    """Return the TokenSequences of make_loader's ``seq_len``, ``packing`` and ``eod`` (None: ``dataset``)."""
+    if seq_len is None:
+        if eod is not None or packing != "concat":
+            raise OptionError("eod and packing apply with seq_len=..., the tokens of a sequence")
+        return dataset
+    if packing not in PACKINGS:
+        raise OptionError(f"packing should be one of {PACKINGS}, got packing={packing!r}")
+    if eod is None:
+        raise OptionError("seq_len joins documents end to end: pass eod=, the end-of-document id (an int) or a "
+                          "token of the file's tokenizer, e.g. eod='<|endoftext|>'")
+    return TokenSequences(dataset, seq_len, eod)
+
+
+def _eod_id(eod, dataset):
+    """Return ``eod`` as an id of ``dataset``'s vocabulary: an int in range, or a token its tokenizer knows."""
+    description = dataset.metadata.get("tokenizer", {})
+    vocab_size = int(description.get("vocab_size", 0))
+    if isinstance(eod, str):
+        found = Tokenizer.from_dict(description).token_id(eod)
+        if found is None:
+            raise OptionError(f"eod={eod!r} is not a token of {dataset.path!r}'s tokenizer; pass its id (an int) "
+                              "or a token it has")
+        return found
+    if isinstance(eod, bool) or not isinstance(eod, (int, np.integer)) or not 0 <= eod < vocab_size:
+        raise OptionError(f"eod should be an id of the file's vocabulary (0..{vocab_size - 1}) or one of its "
+                          f"tokens, got eod={eod!r}")
+    return int(eod)

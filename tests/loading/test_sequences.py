@@ -1,0 +1,146 @@
+"""make_loader(seq_len=...): language-model sequences cut at load time from documents (NOTE [concat packing])."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import stored_sequences
+
+from fastdata import OptionError, convert_text, make_loader, open_dataset
+from fastdata.loading.sequences import IGNORE_INDEX
+
+EOD = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """``(file, shard folder, documents [ids], eod id)``: 240 documents of 1 to 400 words converted without labels."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(3)
+    words = [f"w{number}" for number in range(300)]
+    texts = [" ".join(rng.choice(words, int(rng.choice([1, 2, 7, 40, 400])))) for _ in range(240)]
+    src = root / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    hf = pytest.importorskip("tokenizers")
+    tokenizer = hf.Tokenizer(hf.models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = hf.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(texts, hf.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", EOD]))
+    tokenizer.save(str(root / "tok.json"))
+    convert_text(src, root / "docs.h5", tokenizer=root / "tok.json", label_field=None, progress=False)
+    convert_text(src, root / "docs", tokenizer=root / "tok.json", label_field=None, progress=False, shard_size=4000)
+    documents, _, metadata = stored_sequences(root / "docs.h5")
+    assert sum(map(len, documents)) > 20_000 and len(documents) == 240
+    return root / "docs.h5", root / "docs", documents, tokenizer.token_to_id(EOD)
+
+
+def _stream(documents, eod):
+    return np.concatenate([np.append(document, eod) for document in documents])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.integers(1, 700), picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=9))
+def test_each_sequence_is_its_slice_of_the_documents_joined_with_eod(corpus, seq_len, picks):
+    path, _, documents, eod = corpus
+    stream = _stream(documents, eod)
+    sequences = make_loader(open_dataset(path), 4, seq_len=seq_len, eod=EOD).dataset
+    assert len(sequences) == -(-(len(stream) - 1) // seq_len)
+    indices = np.array([pick % len(sequences) for pick in picks])
+    batch = sequences.read_batch(indices)
+    for row, index in enumerate(indices.tolist()):
+        start = index * seq_len
+        inputs, targets = stream[start : start + seq_len], stream[start + 1 : start + seq_len + 1]
+        assert batch["input_ids"][row, : len(inputs)].tolist() == inputs.tolist()
+        assert batch["labels"][row, : len(targets)].tolist() == targets.tolist()
+        assert (batch["labels"][row, len(targets) :] == IGNORE_INDEX).all()
+    _check_positions(batch, documents, seq_len, indices, len(stream))
+
+
+def _check_positions(batch, documents, seq_len, indices, stream_length):
+    """position_ids count each document's tokens from 0 (its eod last); cu_seqlens cut every row and document."""
+    within = np.concatenate([np.arange(len(document) + 1) for document in documents])
+    positions = batch["position_ids"].numpy()
+    cuts = batch["cu_seqlens"].numpy()
+    assert cuts.dtype == np.int32 and cuts[0] == 0 and cuts[-1] == positions.size and (np.diff(cuts) > 0).all()
+    for row, index in enumerate(indices.tolist()):
+        start = index * seq_len
+        real = min(seq_len, stream_length - start)
+        assert positions[row, :real].tolist() == within[start : start + real].tolist()
+    flat = positions.reshape(-1)
+    for a, b in zip(cuts[:-1], cuts[1:]):  # within a segment, positions count up by one; a segment starts a row
+        assert (np.diff(flat[a:b]) == 1).all() and (flat[a] == 0 or a % seq_len == 0)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_an_epoch_reads_every_sequence_once_over_the_ranks(corpus, world_size):
+    path, folder, documents, eod = corpus
+    seen = []
+    for rank in range(world_size):
+        loader = make_loader(open_dataset(folder), 5, shuffle=True, seed=2, seq_len=97, eod=eod, rank=rank,
+                             world_size=world_size)  # the short last global batch padded from the epoch's start
+        seen += [tuple(row) for batch in loader for row in batch["input_ids"].tolist()]
+    single = make_loader(open_dataset(path), 64, seq_len=97, eod=eod)
+    expected = [row for batch in single for row in batch["input_ids"].tolist()]
+    assert set(seen) == {tuple(row) for row in expected} and len(set(seen)) == len(single.dataset)
+    assert len(seen) - len(expected) < 5 * world_size
+    stream = _stream(documents, eod)
+    assert np.concatenate(expected)[: len(stream)].tolist() == stream.tolist()  # padding after the stream only
+
+
+def test_worker_processes_and_a_shard_folder_give_the_same_batches(corpus):
+    path, folder, _, eod = corpus
+    here = list(make_loader(open_dataset(path), 6, shuffle=True, seed=5, seq_len=128, eod=eod))
+    loader = make_loader(open_dataset(folder), 6, shuffle=True, seed=5, seq_len=128, eod=eod, num_workers=2)
+    try:
+        there = list(loader)
+    finally:
+        loader.close()
+    assert len(here) == len(there)
+    for mine, theirs in zip(here, there):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[key], theirs[key]) for key in mine)
+
+
+def test_a_run_resumed_on_another_number_of_ranks_continues_the_same_global_batches(corpus):
+    # global batch 12: 2 ranks of 6, resumed on 3 ranks of 4 and on 4 ranks of 3
+    path, _, _, eod = corpus
+
+    def loader(rank, world_size, state=None):
+        made = make_loader(open_dataset(path), 12 // world_size, shuffle=True, seed=7, seq_len=64, eod=eod,
+                           rank=rank, world_size=world_size)
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    def global_batches(world_size, state=None, steps=None):
+        per_rank = [list(loader(rank, world_size, state)) for rank in range(world_size)]
+        return [sorted(row for rank in per_rank for row in rank[step]["input_ids"].tolist())
+                for step in range(len(per_rank[0]) if steps is None else steps)]
+
+    uninterrupted = global_batches(2)
+    first = loader(0, 2)
+    iterator = iter(first)
+    for _ in range(3):
+        next(iterator)
+    state = first.state_dict()
+    for world_size in (3, 4):
+        assert global_batches(world_size, state) == uninterrupted[3:]
+
+
+def test_the_end_of_document_token_and_options_are_checked(corpus, packed_files):
+    path, _, _, eod = corpus
+    assert make_loader(open_dataset(path), 2, seq_len=8, eod=EOD).dataset.eod == eod
+    for options, message in [
+        ({"seq_len": 8}, "pass eod=, the end-of-document id"),
+        ({"seq_len": 8, "eod": "<never>"}, "eod='<never>' is not a token of"),
+        ({"seq_len": 8, "eod": 10**6}, r"eod should be an id of the file's vocabulary \(0\.\."),
+        ({"seq_len": 0, "eod": eod}, "seq_len should be a positive number of tokens"),
+        ({"seq_len": 8, "eod": eod, "packing": "best_fit"}, r"packing should be one of \('concat',\)"),
+        ({"eod": eod}, "eod and packing apply with seq_len"),
+        ({"seq_len": 8, "eod": eod, "device": "cpu", "normalize": (0.5, 0.5)}, "normalize apply to image batches"),
+    ]:
+        with pytest.raises(OptionError, match=message):
+            make_loader(open_dataset(path), 2, **options)
+    with pytest.raises(OptionError, match="seq_len cuts a text dataset's documents into sequences; got a 'image'"):
+        make_loader(open_dataset(packed_files("hdf5", "raw")), 2, seq_len=8, eod=0)
