@@ -187,7 +187,8 @@ def make_loader(
             ``input_ids``, ``labels`` (the next tokens), ``position_ids``
             and ``cu_seqlens``; the order, ranks, workers and resume are the
             sequences'. Nothing is stored: any seq_len, no reconversion.
-        packing: with ``seq_len``: "concat" (every token once an epoch).
+        packing: with ``seq_len``: "concat" (every token once an epoch) or
+            "pad" (one document per row, padded; longer ones over several).
         eod: with ``seq_len``: the end-of-document id, or a token of the
             file's tokenizer (``"<|endoftext|>"``).
 

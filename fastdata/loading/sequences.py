@@ -6,11 +6,13 @@ id, are one stream of tokens; sequence ``k`` is its tokens
 ``labels`` the last T (the next token of each; the tokens past the stream's
 end are padding, labelled IGNORE_INDEX). Every token of the stream is an
 input once and a label once an epoch (the first token is never a label).
-Nothing is stored: the cut is arithmetic on the documents' lengths, so a
-new ``seq_len`` or end-of-document id needs no conversion, and a sequence
-is an index like any sample: make_loader's orders, shuffles, ranks (any
-world size), worker processes and exact resume apply to sequences as they
-do to images.
+``packing="pad"`` cuts each document (with its end-of-document id) alone
+the same way, its last row padded: one document per row, none split but
+those longer than T. Nothing is stored: the cut is arithmetic on the
+documents' lengths, so a new ``seq_len``, packing or end-of-document id
+needs no conversion, and a sequence is an index like any sample:
+make_loader's orders, shuffles, ranks (any world size), worker processes
+and exact resume apply to sequences as they do to images.
 """
 
 import hashlib
@@ -25,7 +27,7 @@ from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
-PACKINGS = ("concat",)
+PACKINGS = ("concat", "pad")
 
 
 class TokenSequences:
@@ -41,32 +43,34 @@ class TokenSequences:
         dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus).
         seq_len: tokens per sequence (T).
         eod: the end-of-document id, or a token of the file's tokenizer (``"<|endoftext|>"``).
+        packing: "concat" (the documents end to end) or "pad" (one document per row).
     """
 
     kind = "sequences"
     read_options = ()
 
-    def __init__(self, dataset, seq_len, eod):
+    def __init__(self, dataset, seq_len, eod, packing="concat"):
         if not isinstance(dataset, PackedDataset) or dataset.kind != "text":
             raise OptionError(f"seq_len cuts a text dataset's documents into sequences; got a "
                               f"{getattr(dataset, 'kind', type(dataset).__name__)!r} dataset")
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise OptionError(f"seq_len should be a positive number of tokens, got seq_len={seq_len!r}")
-        self.dataset, self.seq_len = dataset, seq_len
+        self.dataset, self.seq_len, self.packing = dataset, seq_len, packing
         self.eod = _eod_id(eod, dataset)
         self.pad_id = int(dataset.metadata["tokenizer"]["pad_id"])
         self.path = dataset.path
         self.is_remote = False  # a URL's shards are fetched as sequences read them: no fetch-ahead, no block order yet
-        described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": "concat"}
+        described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": packing}
         self.fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
         self._starts = None  # the documents' first stream positions, int64 [D + 1]: made in each process
+        self._rows = None  # packing="pad": each document's first row, int64 [D + 1]
 
     def __repr__(self):
         return (f"<TokenSequences of {self.dataset.path!r}: {len(self)} sequences of {self.seq_len} tokens, "
-                f"eod={self.eod}, packing='concat'>")
+                f"eod={self.eod}, packing={self.packing!r}>")
 
     def __getstate__(self):
-        return {**self.__dict__, "_starts": None}
+        return {**self.__dict__, "_starts": None, "_rows": None}
 
     def _stream(self):
         if self._starts is None:
@@ -76,9 +80,32 @@ class TokenSequences:
             np.cumsum(self._lengths + 1, out=self._starts[1:])
         return self._starts, self._lengths
 
+    def _document_rows(self):
+        """packing="pad": each document's first row, int64 [D + 1]: a row per T of its tokens (none if empty)."""
+        if self._rows is None:
+            _, lengths = self._stream()
+            self._rows = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(-(-lengths // self.seq_len), out=self._rows[1:])
+        return self._rows
+
     def __len__(self):
+        if self.packing == "pad":
+            return int(self._document_rows()[-1])
         tokens = int(self._stream()[0][-1])
         return -(-(tokens - 1) // self.seq_len) if tokens > 1 else 0
+
+    def _positions(self, indices):
+        """Return ``(stream positions, whether each is a token of the row)``, both ``[B, T + 1]``."""
+        starts, lengths = self._stream()
+        offsets = np.arange(self.seq_len + 1)
+        if self.packing == "concat":
+            positions = indices[:, None] * self.seq_len + offsets
+            return positions, positions < starts[-1]
+        rows = self._document_rows()
+        documents = np.searchsorted(rows, indices, side="right") - 1
+        local = (indices - rows[documents])[:, None] * self.seq_len + offsets  # in the document and its eod
+        inside = local <= lengths[documents][:, None]
+        return np.where(inside, starts[documents][:, None] + local, 0), inside
 
     def __getitem__(self, index):
         """Return sequence ``index`` as a dict of 1-D tensors (``cu_seqlens`` of its own tokens)."""
@@ -91,8 +118,7 @@ class TokenSequences:
         indices = checked_indices(np.asarray(indices, np.int64), len(self), self.path)
         starts, lengths = self._stream()
         width = self.seq_len + 1
-        positions = indices[:, None] * self.seq_len + np.arange(width)  # stream positions [B, T + 1]
-        inside = positions < starts[-1]
+        positions, inside = self._positions(indices)
         documents = np.searchsorted(starts, np.minimum(positions, starts[-1] - 1), side="right") - 1
         within = positions - starts[documents]
         ends = within == lengths[documents]  # the end-of-document id after each document
@@ -105,7 +131,7 @@ class TokenSequences:
         first = (within == 0) & inside  # a document's first token
         first[:, 0] = True  # every row starts a segment
         padding = ~inside
-        first[:, 1:] |= padding[:, 1:] & ~padding[:, :-1]  # the padding after the stream's end is a segment of its own
+        first[:, 1:] |= padding[:, 1:] & ~padding[:, :-1]  # the padding after the tokens is a segment of its own
         position_ids = np.where(inside, within, np.arange(width) - np.argmax(padding, axis=1)[:, None])
         batch = {"input_ids": tokens[:, :-1], "labels": labels,
                  "position_ids": np.ascontiguousarray(position_ids[:, :-1]),
@@ -131,9 +157,9 @@ def token_sequences(dataset, seq_len, packing, eod):
     if packing not in PACKINGS:
         raise OptionError(f"packing should be one of {PACKINGS}, got packing={packing!r}")
     if eod is None:
-        raise OptionError("seq_len joins documents end to end: pass eod=, the end-of-document id (an int) or a "
+        raise OptionError("seq_len ends each document with its end-of-document id: pass eod=, the id (an int) or a "
                           "token of the file's tokenizer, e.g. eod='<|endoftext|>'")
-    return TokenSequences(dataset, seq_len, eod)
+    return TokenSequences(dataset, seq_len, eod, packing)
 
 
 def _eod_id(eod, dataset):

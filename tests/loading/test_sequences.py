@@ -58,6 +58,37 @@ def test_each_sequence_is_its_slice_of_the_documents_joined_with_eod(corpus, seq
     _check_positions(batch, documents, seq_len, indices, len(stream))
 
 
+def _padded_rows(documents, eod, seq_len):
+    """packing="pad": each row's tokens (at most seq_len + 1) and its first position in its document."""
+    rows = []
+    for document in documents:
+        tokens = np.append(document, eod)
+        rows += [(tokens[start : start + seq_len + 1], start) for start in range(0, len(document), seq_len)]
+    return rows
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.integers(1, 500), picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=9))
+def test_padded_rows_hold_one_document_each(corpus, seq_len, picks):
+    _, folder, documents, eod = corpus
+    rows = _padded_rows(documents, eod, seq_len)
+    sequences = make_loader(open_dataset(folder), 4, seq_len=seq_len, eod=eod, packing="pad").dataset
+    assert len(sequences) == len(rows)
+    indices = np.array([pick % len(rows) for pick in picks])
+    batch = sequences.read_batch(indices)
+    for row, index in enumerate(indices.tolist()):
+        tokens, start = rows[index]
+        inputs = len(tokens) - 1
+        assert batch["input_ids"][row, : len(tokens[:seq_len])].tolist() == tokens[:seq_len].tolist()
+        assert (batch["input_ids"][row, len(tokens[:seq_len]) :] == sequences.pad_id).all()
+        assert batch["labels"][row, :inputs].tolist() == tokens[1:].tolist()
+        assert (batch["labels"][row, inputs:] == IGNORE_INDEX).all()
+        assert batch["position_ids"][row, : len(tokens[:seq_len])].tolist() == list(range(start, start + len(
+            tokens[:seq_len])))
+    cuts = batch["cu_seqlens"].numpy()
+    assert set(range(0, batch["input_ids"].numel(), seq_len)) <= set(cuts.tolist())  # every row starts a segment
+
+
 def _check_positions(batch, documents, seq_len, indices, stream_length):
     """position_ids count each document's tokens from 0 (its eod last); cu_seqlens cut every row and document."""
     within = np.concatenate([np.arange(len(document) + 1) for document in documents])
@@ -132,11 +163,11 @@ def test_the_end_of_document_token_and_options_are_checked(corpus, packed_files)
     path, _, _, eod = corpus
     assert make_loader(open_dataset(path), 2, seq_len=8, eod=EOD).dataset.eod == eod
     for options, message in [
-        ({"seq_len": 8}, "pass eod=, the end-of-document id"),
+        ({"seq_len": 8}, "pass eod=, the id"),
         ({"seq_len": 8, "eod": "<never>"}, "eod='<never>' is not a token of"),
         ({"seq_len": 8, "eod": 10**6}, r"eod should be an id of the file's vocabulary \(0\.\."),
         ({"seq_len": 0, "eod": eod}, "seq_len should be a positive number of tokens"),
-        ({"seq_len": 8, "eod": eod, "packing": "best_fit"}, r"packing should be one of \('concat',\)"),
+        ({"seq_len": 8, "eod": eod, "packing": "best_fit"}, r"packing should be one of \('concat', 'pad'\)"),
         ({"eod": eod}, "eod and packing apply with seq_len"),
         ({"seq_len": 8, "eod": eod, "device": "cpu", "normalize": (0.5, 0.5)}, "normalize apply to image batches"),
     ]:
