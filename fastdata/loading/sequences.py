@@ -8,7 +8,8 @@ end are padding, labelled IGNORE_INDEX). Every token of the stream is an
 input once and a label once an epoch (the first token is never a label).
 ``packing="pad"`` cuts each document (with its end-of-document id) alone
 the same way, its last row padded: one document per row, none split but
-those longer than T. Nothing is stored: the cut is arithmetic on the
+those longer than T; ``packing="best_fit"`` packs whole documents into
+rows (NOTE [best-fit rows] in reading/packing.py). Nothing is stored: the cut is arithmetic on the
 documents' lengths, so a new ``seq_len``, packing or end-of-document id
 needs no conversion, and a sequence is an index like any sample:
 make_loader's orders, shuffles, ranks (any world size), worker processes
@@ -25,9 +26,10 @@ from fastdata.codecs.tokenizers import Tokenizer
 from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
+from fastdata.reading.packing import best_fit_rows
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
-PACKINGS = ("concat", "pad")
+PACKINGS = ("concat", "pad", "best_fit")
 
 
 class TokenSequences:
@@ -43,7 +45,8 @@ class TokenSequences:
         dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus).
         seq_len: tokens per sequence (T).
         eod: the end-of-document id, or a token of the file's tokenizer (``"<|endoftext|>"``).
-        packing: "concat" (the documents end to end) or "pad" (one document per row).
+        packing: "concat" (the documents end to end), "pad" (one document per row) or "best_fit" (whole
+            documents packed into rows).
     """
 
     kind = "sequences"
@@ -63,7 +66,7 @@ class TokenSequences:
         described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": packing}
         self.fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
         self._starts = None  # the documents' first stream positions, int64 [D + 1]: made in each process
-        self._rows = None  # packing="pad": each document's first row, int64 [D + 1]
+        self._rows = None  # packing="pad": each document's first row, int64 [D + 1]; "best_fit": its plan
 
     def __repr__(self):
         return (f"<TokenSequences of {self.dataset.path!r}: {len(self)} sequences of {self.seq_len} tokens, "
@@ -88,9 +91,17 @@ class TokenSequences:
             np.cumsum(-(-lengths // self.seq_len), out=self._rows[1:])
         return self._rows
 
+    def _best_fit(self):
+        """packing="best_fit": the plan's CSR arrays (reading/packing.best_fit_rows)."""
+        if self._rows is None:
+            self._rows = best_fit_rows(self._stream()[1], self.seq_len)
+        return self._rows
+
     def __len__(self):
         if self.packing == "pad":
             return int(self._document_rows()[-1])
+        if self.packing == "best_fit":
+            return len(self._best_fit()[0]) - 1
         tokens = int(self._stream()[0][-1])
         return -(-(tokens - 1) // self.seq_len) if tokens > 1 else 0
 
@@ -101,6 +112,8 @@ class TokenSequences:
         if self.packing == "concat":
             positions = indices[:, None] * self.seq_len + offsets
             return positions, positions < starts[-1]
+        if self.packing == "best_fit":
+            return self._packed_positions(indices, starts)
         rows = self._document_rows()
         documents = np.searchsorted(rows, indices, side="right") - 1
         local = (indices - rows[documents])[:, None] * self.seq_len + offsets  # in the document and its eod
@@ -112,6 +125,21 @@ class TokenSequences:
         batch = self.read_batch(np.array([index], np.int64))
         return {**{name: batch[name][0] for name in ("input_ids", "labels", "position_ids")},
                 "cu_seqlens": batch["cu_seqlens"]}
+
+    def _packed_positions(self, indices, starts):
+        """Return best-fit rows' ``(stream positions, whether each is a token)``: their pieces side by side."""
+        row_starts, documents, piece_starts, piece_stops = self._best_fit()
+        positions = np.zeros((len(indices), self.seq_len + 1), np.int64)
+        inside = np.zeros(positions.shape, bool)
+        for row, index in enumerate(indices.tolist()):
+            column = 0
+            for piece in range(row_starts[index], row_starts[index + 1]):
+                start, stop = int(piece_starts[piece]), int(piece_stops[piece])
+                base = int(starts[documents[piece]])
+                positions[row, column : column + stop - start] = np.arange(base + start, base + stop)
+                column += stop - start
+            inside[row, :column] = True
+        return positions, inside
 
     def read_batch(self, indices, pin_memory=False):
         """Return the dict batch of sequences ``indices`` (see the class)."""
@@ -128,7 +156,9 @@ class TokenSequences:
         tokens[inside & ends] = self.eod
         labels = tokens[:, 1:].copy()
         labels[~inside[:, 1:]] = IGNORE_INDEX
-        first = (within == 0) & inside  # a document's first token
+        jumps = np.ones(positions.shape, bool)  # a piece of a best-fit row placed after another document's
+        jumps[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
+        first = inside & ((within == 0) | jumps)  # a document's (or a piece's) first token
         first[:, 0] = True  # every row starts a segment
         padding = ~inside
         first[:, 1:] |= padding[:, 1:] & ~padding[:, :-1]  # the padding after the tokens is a segment of its own

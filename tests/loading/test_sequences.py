@@ -89,6 +89,28 @@ def test_padded_rows_hold_one_document_each(corpus, seq_len, picks):
     assert set(range(0, batch["input_ids"].numel(), seq_len)) <= set(cuts.tolist())  # every row starts a segment
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.integers(1, 500), picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=9))
+def test_best_fit_rows_hold_their_pieces_side_by_side(corpus, seq_len, picks):
+    path, _, documents, eod = corpus
+    sequences = make_loader(open_dataset(path), 4, seq_len=seq_len, eod=eod, packing="best_fit").dataset
+    row_starts, owners, starts, stops = sequences._best_fit()
+    indices = np.array([pick % len(sequences) for pick in picks])
+    batch = sequences.read_batch(indices)
+    for row, index in enumerate(indices.tolist()):
+        pieces = range(row_starts[index], row_starts[index + 1])
+        tokens = np.concatenate([np.append(documents[owners[p]], eod)[starts[p] : stops[p]] for p in pieces])
+        positions = np.concatenate([np.arange(starts[p], stops[p]) for p in pieces])
+        inputs = tokens[:seq_len]
+        assert batch["input_ids"][row, : len(inputs)].tolist() == inputs.tolist()
+        assert batch["labels"][row, : len(tokens) - 1].tolist() == tokens[1:].tolist()
+        assert (batch["labels"][row, len(tokens) - 1 :] == IGNORE_INDEX).all()
+        assert batch["position_ids"][row, : len(inputs)].tolist() == positions[:seq_len].tolist()
+        cuts = batch["cu_seqlens"].numpy()
+        segments = cuts[(cuts >= row * seq_len) & (cuts < (row + 1) * seq_len)]
+        assert len(segments) == len(pieces) + (len(tokens) < seq_len)  # a piece each, and any padding of the inputs
+
+
 def _check_positions(batch, documents, seq_len, indices, stream_length):
     """position_ids count each document's tokens from 0 (its eod last); cu_seqlens cut every row and document."""
     within = np.concatenate([np.arange(len(document) + 1) for document in documents])
@@ -167,7 +189,7 @@ def test_the_end_of_document_token_and_options_are_checked(corpus, packed_files)
         ({"seq_len": 8, "eod": "<never>"}, "eod='<never>' is not a token of"),
         ({"seq_len": 8, "eod": 10**6}, r"eod should be an id of the file's vocabulary \(0\.\."),
         ({"seq_len": 0, "eod": eod}, "seq_len should be a positive number of tokens"),
-        ({"seq_len": 8, "eod": eod, "packing": "best_fit"}, r"packing should be one of \('concat', 'pad'\)"),
+        ({"seq_len": 8, "eod": eod, "packing": "first_fit"}, r"packing should be one of \('concat', 'pad', 'best"),
         ({"eod": eod}, "eod and packing apply with seq_len"),
         ({"seq_len": 8, "eod": eod, "device": "cpu", "normalize": (0.5, 0.5)}, "normalize apply to image batches"),
     ]:
