@@ -30,10 +30,12 @@ _EXPORTS = {
     "RemoteError": "fastdata.errors",
     "SampleError": "fastdata.errors",
     "SourceError": "fastdata.errors",
+    "TokenSequences": "fastdata.loading.sequences",
     "Tokenizer": "fastdata.codecs.tokenizers",
     "convert_imagefolder": "fastdata.converters",
     "convert_text": "fastdata.converters",
     "make_loader": "fastdata.loading.loader",
+    "mix": "fastdata.loading.mixture",
     "open_dataset": "fastdata.loading.datasets",
     "profile": "fastdata.measure.profiler",
     "write": "fastdata.converters.records",
@@ -61,9 +63,11 @@ if TYPE_CHECKING:  # what type checkers see: the real names, re-exported ("X as 
     from fastdata.loading.datasets import HDF5Dataset as HDF5Dataset
     from fastdata.loading.datasets import open_dataset as open_dataset
     from fastdata.loading.loader import make_loader as make_loader
+    from fastdata.loading.mixture import mix as mix
     from fastdata.loading.records import RecordDataset as RecordDataset
     from fastdata.loading.samplers import BatchIndexSampler as BatchIndexSampler
     from fastdata.loading.samplers import BucketBatchSampler as BucketBatchSampler
+    from fastdata.loading.sequences import TokenSequences as TokenSequences
     from fastdata.measure.profiler import ProfileReport as ProfileReport
     from fastdata.measure.profiler import profile as profile
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTED = {  # the README's names, plus what they return and raise
     "ArrowDataset", "BatchIndexSampler", "BucketBatchSampler", "HDF5Dataset", "Tokenizer", "convert_imagefolder",
     "convert_text", "make_loader", "open_dataset", "profile", "ConversionReport", "ProfileReport", "Field",
-    "RecordDataset", "write",
+    "RecordDataset", "write", "TokenSequences", "mix",
 }
 
 

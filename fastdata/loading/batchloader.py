@@ -11,6 +11,7 @@ import numpy as np
 
 from fastdata._cpu import usable_cpus
 from fastdata.loading.datasets import PackedDataset
+from fastdata.loading.device import read_batch
 from fastdata.loading.overlap import LoopBody, read_on_thread
 from fastdata.loading.samplers import EpochSampler
 from fastdata.loading.state import Resumable, Steps
@@ -174,7 +175,7 @@ class BatchLoader(Resumable):
     def _read_batch(self, indices, epoch):
         """Return the batch of ``indices``; with a pipeline a HostBatch of ``epoch`` (see NOTE [device pipeline])."""
         if self.pipeline is None:
-            return self.dataset.read_batch(indices, self.pin_memory, **self._options())
+            return read_batch(self.dataset, indices, epoch, self.pin_memory, self._options())
         return self.pipeline.reader.read(self.dataset, indices, epoch, self.pin_memory, self._options())
 
     def _options(self):

@@ -54,6 +54,15 @@ class HostBatch(NamedTuple):
     epoch: int
 
 
+def read_batch(dataset, indices, epoch, pin_memory=False, options=None):
+    """Return ``dataset.read_batch(indices, pin_memory, **options)``, given ``epoch`` too where the dataset reads
+    by epoch (``"epoch"`` among its ``read_options``: a Mixture's sources draw anew each epoch)."""
+    options = options or {}
+    if "epoch" in getattr(dataset, "read_options", ()):
+        options = {**options, "epoch": epoch}
+    return dataset.read_batch(indices, pin_memory, **options)
+
+
 class HostReader:
     """Read a pipeline's host batches; with ``crop`` (a RandomResizedCrop) fused into decoding (see NOTE [fused crop]).
 
@@ -70,7 +79,7 @@ class HostReader:
         if self.crop is not None:
             boxes = functools.partial(self.crop.boxes, self.seed, epoch, indices)
             options = {**options, "crop": ResizedCrop(self.crop.size, boxes)}
-        return HostBatch(dataset.read_batch(indices, pin_memory, **options), indices, epoch)
+        return HostBatch(read_batch(dataset, indices, epoch, pin_memory, options), indices, epoch)
 
     def max_batch_bytes(self, dataset, batch_size: int, options: dict) -> int:
         """Return the most bytes of a batch of ``batch_size`` this reader reads: of the crop's size where fused."""
@@ -344,7 +353,7 @@ def make_pipeline(dataset, *, device=None, augment=None, normalize=False, dtype=
             raise OptionError(f"{', '.join(given)} transform image fields; {dataset.path!r} reads none "
                               f"(fields {', '.join(dataset.fields)})")
     device = _check_device(device)
-    if given and getattr(dataset, "kind", None) in ("text", "sequences"):
+    if given and getattr(dataset, "kind", None) in ("text", "sequences", "mixture"):
         raise OptionError(f"{', '.join(given)} apply to image batches; a text dataset's batches only move to "
                           f"device={str(device)!r}")
     if augment is not None and not callable(augment):

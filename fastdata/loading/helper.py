@@ -43,7 +43,7 @@ import torch
 
 from fastdata._processes import die_with_parent, end_on_sigterm, end_processes, held_signals, start_method
 from fastdata.loading import slots as layouts
-from fastdata.loading.device import HostBatch
+from fastdata.loading.device import HostBatch, read_batch
 from fastdata.loading.workers import changed_under
 
 _POLL_SECONDS = 1.0  # how long a helper whose pipe closed is given to exit, for its exit status
@@ -217,7 +217,7 @@ def _serve(conn, dataset, reader, options, buffers, parent):
         layout = None
         try:
             if reader is None:
-                batch = dataset.read_batch(indices, **options)
+                batch = read_batch(dataset, indices, epoch, options=options)
             else:
                 batch = reader.read(dataset, indices, epoch, options=options).tensors
             tensors, shape = layouts.split(batch)

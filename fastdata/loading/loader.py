@@ -34,6 +34,7 @@ from fastdata.loading.batchloader import BatchLoader, option_names, reads_plainl
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.helper import HelperProcess
+from fastdata.loading.mixture import Mixture
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.records import RecordDataset
 from fastdata.loading.samplers import BatchIndexSampler, resolve_rank
@@ -212,6 +213,9 @@ def make_loader(
         ...                      normalize=True, dtype=torch.bfloat16, memory_format=torch.channels_last)
     """
     dataset = token_sequences(dataset, seq_len, packing, eod)
+    if isinstance(dataset, Mixture) and shuffle not in (False, "none"):
+        raise OptionError(f"shuffle={shuffle!r}: a Mixture shuffles its sources itself and keeps its proportions in "
+                          "every window of positions read in order (NOTE [mixture order]); leave shuffle off")
     budget = cpu_budget(max_cpu)
     if isinstance(num_workers, str) and num_workers == "auto":
         num_workers, prefetch_factor = _tuned_settings(dataset, prefetch_factor)

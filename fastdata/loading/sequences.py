@@ -35,11 +35,13 @@ PACKINGS = ("concat", "pad", "best_fit")
 class TokenSequences:
     """The fixed-length sequences of a text dataset's documents joined end to end (NOTE [concat packing]).
 
-    A batch is a dict of int64 ``[B, T]`` ``input_ids``, ``labels`` and
+    A batch is a dict of int64 ``[B, T]`` ``input_ids``, ``labels``,
     ``position_ids`` (restarting at 0 at each document's first token; the
-    end-of-document id continues its document), and int32 ``cu_seqlens``:
-    the offsets of the batch's documents in its ``B * T`` flattened input
-    tokens (every row starts one), as varlen attention takes them.
+    end-of-document id continues its document) and ``document_ids`` (the
+    dataset's index of each token's document; -1 for padding), and int32
+    ``cu_seqlens``: the offsets of the batch's documents in its ``B * T``
+    flattened input tokens (every row starts one), as varlen attention
+    takes them.
 
     Args:
         dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus).
@@ -156,26 +158,33 @@ class TokenSequences:
         tokens[inside & ends] = self.eod
         labels = tokens[:, 1:].copy()
         labels[~inside[:, 1:]] = IGNORE_INDEX
-        jumps = np.ones(positions.shape, bool)  # a piece of a best-fit row placed after another document's
-        jumps[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
-        first = inside & ((within == 0) | jumps)  # a document's (or a piece's) first token
-        first[:, 0] = True  # every row starts a segment
         padding = ~inside
-        first[:, 1:] |= padding[:, 1:] & ~padding[:, :-1]  # the padding after the tokens is a segment of its own
         position_ids = np.where(inside, within, np.arange(width) - np.argmax(padding, axis=1)[:, None])
-        batch = {"input_ids": tokens[:, :-1], "labels": labels,
-                 "position_ids": np.ascontiguousarray(position_ids[:, :-1]),
-                 "cu_seqlens": np.append(np.flatnonzero(first[:, :-1]), first[:, :-1].size).astype(np.int32)}
+        document_ids = np.where(inside, documents, -1)[:, :-1]
+        batch = {"input_ids": tokens[:, :-1], "labels": labels, "position_ids": position_ids[:, :-1],
+                 "document_ids": document_ids, "cu_seqlens": cu_seqlens(document_ids)}
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in batch.items()}
         return {name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch
 
+    def derived_fields(self, batch):
+        """The batch-wide fields of a batch of sequence rows (a Mixture's, its rows from several sources)."""
+        return {"cu_seqlens": torch.from_numpy(cu_seqlens(batch["document_ids"].numpy()))}
+
     def max_batch_bytes(self, batch_size, **options):
-        """The most bytes of a batch's tensors: three int64 ``[B, T]`` and cu_seqlens (at most ``B * T + 1``)."""
+        """The most bytes of a batch's tensors: four int64 ``[B, T]`` and cu_seqlens (at most ``B * T + 1``)."""
         tokens = batch_size * self.seq_len
-        return 3 * 8 * tokens + 4 * (tokens + 1) + 4 * 64
+        return 4 * 8 * tokens + 4 * (tokens + 1) + 5 * 64
 
     def changed_files(self):
         return self.dataset.changed_files()
+
+
+def cu_seqlens(document_ids):
+    """Return int32 offsets of the segments of ``document_ids`` ``[B, T]`` flattened: each row starts one, and so
+    does each change of document (the padding, -1, is one of its own); the last offset is ``B * T``."""
+    starts = np.ones(document_ids.shape, bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    return np.append(np.flatnonzero(starts), starts.size).astype(np.int32)
 
 
 def token_sequences(dataset, seq_len, packing, eod):

@@ -4,7 +4,7 @@ from torch.utils.data import DataLoader
 
 from fastdata._processes import end_processes, held_signals, release_sigterm, start_method
 from fastdata.errors import FormatError
-from fastdata.loading.device import HostBatch
+from fastdata.loading.device import HostBatch, read_batch
 from fastdata.loading.state import Resumable, Steps
 from fastdata.loading.transport import SlotBatch
 
@@ -36,8 +36,10 @@ class WorkerLoader(Resumable):
     def __init__(self, dataset, sampler, pipeline=None, readahead=None, **loader_options):
         self.dataset, self.sampler, self.pipeline = dataset, sampler, pipeline
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
-        # with a pipeline, the workers get (epoch, indices) to read a HostBatch (see NOTE [device pipeline])
-        self.steps = Steps(sampler, readahead, epochs=pipeline is not None)  # NOTE [one read-ahead] in state.py
+        # with a pipeline (a HostBatch: see NOTE [device pipeline]), or a dataset that reads by epoch (a Mixture),
+        # the workers get (epoch, indices)
+        epochs = pipeline is not None or "epoch" in getattr(dataset.dataset, "read_options", ())
+        self.steps = Steps(sampler, readahead, epochs=epochs)  # NOTE [one read-ahead] in state.py
         self._loader = DataLoader(dataset, batch_size=None, sampler=self.steps, collate_fn=_as_is,
                                   worker_init_fn=_start_worker, **loader_options)
         for name in ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "multiprocessing_context"):
@@ -236,9 +238,11 @@ class _WholeBatches:
         return len(self.dataset)
 
     def __getitem__(self, indices):
-        if self.reader is None:
+        if self.reader is None and "epoch" not in getattr(self.dataset, "read_options", ()):
             return self._packed(self.dataset.read_batch(indices, **self.options))
         epoch, indices = indices
+        if self.reader is None:
+            return self._packed(read_batch(self.dataset, indices, epoch, options=self.options))
         batch = self.reader.read(self.dataset, indices, epoch, options=self.options)
         return batch._replace(tensors=self._packed(batch.tensors))
 

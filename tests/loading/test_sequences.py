@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import stored_sequences
 
-from fastdata import OptionError, convert_text, make_loader, open_dataset
+from fastdata import OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset
 from fastdata.loading.sequences import IGNORE_INDEX
 
 EOD = "<|endoftext|>"
@@ -121,6 +121,9 @@ def _check_positions(batch, documents, seq_len, indices, stream_length):
         start = index * seq_len
         real = min(seq_len, stream_length - start)
         assert positions[row, :real].tolist() == within[start : start + real].tolist()
+        owners = np.repeat(np.arange(len(documents)), [len(document) + 1 for document in documents])
+        assert batch["document_ids"][row, :real].tolist() == owners[start : start + real].tolist()
+        assert (batch["document_ids"][row, real:] == -1).all()
     flat = positions.reshape(-1)
     for a, b in zip(cuts[:-1], cuts[1:]):  # within a segment, positions count up by one; a segment starts a row
         assert (np.diff(flat[a:b]) == 1).all() and (flat[a] == 0 or a % seq_len == 0)
@@ -197,3 +200,21 @@ def test_the_end_of_document_token_and_options_are_checked(corpus, packed_files)
             make_loader(open_dataset(path), 2, **options)
     with pytest.raises(OptionError, match="seq_len cuts a text dataset's documents into sequences; got a 'image'"):
         make_loader(open_dataset(packed_files("hdf5", "raw")), 2, seq_len=8, eod=0)
+
+
+def test_sequences_of_two_corpora_mix_by_tokens_into_one_batch(corpus):
+    path, folder, _, eod = corpus
+    web, books = TokenSequences(open_dataset(path), 64, eod), TokenSequences(open_dataset(folder), 64, eod, "pad")
+    mixture = mix({"web": web, "books": books}, {"web": 3, "books": 1}, by="tokens", period=8)
+    batch = next(iter(make_loader(mixture, 8)))
+    sources, samples = mixture.locate(np.arange(8))
+    assert sorted(sources.tolist()) == [0] * 6 + [1] * 2
+    for row, (source, sample) in enumerate(zip(sources.tolist(), samples.tolist())):
+        alone = (web, books)[source].read_batch([sample])
+        for key in ("input_ids", "labels", "position_ids", "document_ids"):
+            assert torch.equal(batch[key][row], alone[key][0])
+    rows = [(web, books)[source].read_batch([sample]) for source, sample in zip(sources.tolist(), samples.tolist())]
+    starts = [0]
+    for row, alone in enumerate(rows):  # each row's own segments, shifted to where the row lies in the batch
+        starts += (alone["cu_seqlens"][1:-1] + row * 64).tolist() + [(row + 1) * 64]
+    assert batch["cu_seqlens"].tolist() == starts
