@@ -189,27 +189,34 @@ class PackedDataset(BatchReads, Dataset):
             raise TypeError(f"{self.path!r} holds fixed-size {self.kind} samples; lengths are for ragged ones")
         return lengths
 
-    def read_tokens(self, documents, within):
-        """Return the stored ids at positions ``within`` of ``documents`` (int64 ``[K]`` each, checked by the
-        caller): int64 ``[K]``. Text only; one read of the files the documents lie in (a lease held through it)."""
+    def read_token_ranges(self, documents, starts, stops):
+        """Return the stored ids ``starts[p]:stops[p]`` of document ``documents[p]`` for each piece ``p`` (int64
+        ``[P]`` each, in range), joined: int64 ``[sum(stops - starts)]``. Text only; one read of the files the
+        documents lie in, a slice per piece (a lease held through it)."""
         if self.kind != "text":
             raise TypeError(f"{self.path!r} holds {self.kind} samples; token ids are read from text files")
         unique, inverse = np.unique(documents, return_inverse=True)
-        out = np.empty(len(documents), np.int64)
+        pieces = [None] * len(documents)
         self._store.enter()  # see NOTE [read leases] in leases.py
         try:
             parts = self._store.parts(unique)
             try:
+                firsts = np.empty(len(unique), np.int64)  # each document's first value in its file
+                values = [None] * len(unique)
                 for columns, rows, start, stop in zip(parts.columns, _split(parts.indices, parts.bounds),
                                                       parts.bounds, parts.bounds[1:]):
-                    mine = (inverse >= start) & (inverse < stop)
-                    offsets = np.asarray(columns.offsets)[rows][inverse[mine] - start]
-                    out[mine] = np.asarray(columns.samples)[offsets + within[mine]]
+                    firsts[start:stop] = np.asarray(columns.offsets)[rows]
+                    values[start:stop] = [np.asarray(columns.samples)] * (stop - start)
+                bases = firsts[inverse] + starts
+                for piece, (owner, base, stop) in enumerate(zip(inverse.tolist(), bases.tolist(),
+                                                                (firsts[inverse] + stops).tolist())):
+                    pieces[piece] = values[owner][base:stop]
+                joined = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
             finally:
                 parts.release()
         finally:
             self._store.leave()
-        return out
+        return joined.astype(np.int64, copy=False)
 
     def __len__(self):
         return self._num_samples

