@@ -65,7 +65,7 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
-            "fusedcrop", "training", "streaming", "gpu", "busystep", "records")
+            "fusedcrop", "training", "streaming", "gpu", "busystep", "records", "lm")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
         "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
         "shard_compare": 10_000, "stream_images": 6000}

@@ -1,0 +1,217 @@
+"""Language-model section: 2048-token sequences from one tokenized corpus, fastdata's packings against nanoGPT's
+memmap, Hugging Face's group_texts and the copy of the same bytes.
+
+Run through benchmarks/run.py (``--only lm``). Writes LM_DOCS review-like
+documents (``make_review``, about 270 tokens each) as JSON Lines, trains a
+word-level ``tokenizers`` model on them (with ``<|endoftext|>``), converts
+them once with ``fastdata convert text`` (no labels), and writes the same
+stored ids, each document followed by its end-of-document id, as nanoGPT's
+``train.bin`` (uint16) and as a Hugging Face dataset cut into blocks of
+SEQ_LEN + 1 (``group_texts``). Every row reads batches of BATCH sequences
+(the median of process_repeats fresh processes, warm page cache):
+
+* fastdata ``make_loader(seq_len=SEQ_LEN)``: packing concat, best_fit, and
+  concat through ``fastdata.mix`` of two halves (the mixing's cost);
+* nanoGPT's ``get_batch``: x and y from random offsets into the memmap;
+* Hugging Face: the grouped blocks, ``with_format("torch")``, a shuffled
+  DataLoader (the grouping is stored, done once before);
+* the limit: the same rows copied from the memmap into a preallocated
+  uint16 array, in shuffled order.
+
+A "sample" is a sequence of SEQ_LEN tokens; tokens/s = samples/s x SEQ_LEN.
+"""
+
+import json
+import os
+import shutil
+from contextlib import contextmanager
+from functools import partial
+
+import numpy as np
+
+from benchmarks.rows import measure_row
+from benchmarks.sections.peers import offline_env
+from fastdata.measure.engine import consume
+from fastdata.measure.machine import installed_version
+from fastdata.measure.tables import Row, markdown_table
+
+LM_DOCS = 100_000  # documents (--quick: text_docs)
+SEQ_LEN = 2048
+BATCH = 8
+EOD = "<|endoftext|>"
+VS_COPY = 0.8  # fastdata concat over the copy of the same rows (the issue's bar, warm)
+VS_PEER = 1.0  # fastdata concat over each peer
+
+
+def prepare(workdir, num_docs, seed):
+    """Write, tokenize and convert the corpus; write the peers' forms of the same ids. Return the files."""
+    import tokenizers
+
+    from fastdata import convert_text
+    from fastdata.formats import read_packed
+    from fastdata.measure.synthetic import make_review
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    rng = np.random.default_rng(seed)
+    texts = [make_review(rng) for _ in range(num_docs)]
+    with open(os.path.join(workdir, "docs.jsonl"), "w") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(texts, tokenizers.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", EOD]))
+    tokenizer.save(os.path.join(workdir, "tokenizer.json"))
+    files = {"fastdata": os.path.join(workdir, "docs.h5"), "eod": tokenizer.token_to_id(EOD)}
+    report = convert_text(os.path.join(workdir, "docs.jsonl"), files["fastdata"],
+                          tokenizer=os.path.join(workdir, "tokenizer.json"), label_field=None, progress=False)
+    columns, _ = read_packed(files["fastdata"])
+    values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets)
+    stream = np.insert(values, offsets[1:], files["eod"]).astype(np.uint16)  # each document, then its eod
+    files["bin"] = os.path.join(workdir, "train.bin")
+    stream.tofile(files["bin"])
+    files.update(tokens=len(stream), documents=report.num_samples, convert_seconds=report.seconds)
+    from fastdata import TokenSequences, open_dataset
+
+    files["best_fit_rows"] = len(TokenSequences(open_dataset(files["fastdata"]), SEQ_LEN, files["eod"], "best_fit"))
+    if installed_version("datasets"):
+        files["hf"] = _write_hf(stream, os.path.join(workdir, "hf"))
+    return files
+
+
+def _write_hf(stream, folder):
+    """The stream as Hugging Face's run_clm group_texts leaves it: blocks of SEQ_LEN + 1 ids, the rest dropped."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    blocks = stream[: len(stream) // (SEQ_LEN + 1) * (SEQ_LEN + 1)].reshape(-1, SEQ_LEN + 1)
+    datasets.Dataset.from_dict({"input_ids": blocks.astype(np.int32)}).save_to_disk(folder)
+    return folder
+
+
+def rows(files):
+    """Return the Row of every measured reader and the limit."""
+    found = [Row("concat", f"fastdata make_loader(seq_len={SEQ_LEN}), packing concat", "0 (defaults)",
+                 _fastdata_epochs, {"packing": "concat"}, "fastdata"),
+             Row("best_fit", f"fastdata make_loader(seq_len={SEQ_LEN}), packing best_fit", "0 (defaults)",
+                 _fastdata_epochs, {"packing": "best_fit"}, "fastdata"),
+             Row("mixed", "fastdata mix of two halves of the concat sequences, 1:1", "0 (defaults)",
+                 _fastdata_epochs, {"packing": "mixed"}, "fastdata"),
+             Row("nanogpt", "nanoGPT get_batch: random offsets into a uint16 memmap", "0", _nanogpt_epochs, {},
+                 "peer"),
+             Row("copy", "copy: the same rows from the memmap into a preallocated uint16 array", "1 thread",
+                 _copy_epochs, {}, "copy", limit=True)]
+    if "hf" in files:
+        found.append(Row("hf", "Hugging Face datasets: group_texts blocks, with_format('torch'), DataLoader",
+                         "0", _hf_epochs, {}, "peer"))
+    return found
+
+
+def measure(row, setup):
+    offline_env(setup["folder"])
+    sequences = {"hf": setup["hf_blocks"], "best_fit": setup["files"]["best_fit_rows"]}.get(row.key,
+                                                                                           setup["sequences"])
+    return measure_row(row, {**setup, "num_samples": sequences}, tokens_per_sample=SEQ_LEN)
+
+
+@contextmanager
+def _fastdata_epochs(setup, packing):
+    from fastdata import TokenSequences, make_loader, mix, open_dataset
+
+    dataset = open_dataset(setup["files"]["fastdata"])
+    if packing == "mixed":  # the concat sequences, as two sources drawn 1:1
+        sequences = TokenSequences(dataset, SEQ_LEN, setup["files"]["eod"])
+        loader = make_loader(mix({"a": sequences, "b": sequences}, length=len(sequences)), BATCH)
+    else:
+        loader = make_loader(dataset, BATCH, shuffle=True, seed=setup["seed"], seq_len=SEQ_LEN,
+                             eod=setup["files"]["eod"], packing=packing)
+    yield partial(consume, loader, key="input_ids")
+
+
+@contextmanager
+def _nanogpt_epochs(setup):
+    import torch
+
+    data = np.memmap(setup["files"]["bin"], dtype=np.uint16, mode="r")
+    sizes = [min(BATCH, setup["sequences"] - start) for start in range(0, setup["sequences"], BATCH)]
+
+    def get_batch(size):  # nanoGPT's train.py on the CPU (its batch_size = size)
+        ix = torch.randint(len(data) - SEQ_LEN, (size,))
+        x = torch.stack([torch.from_numpy(data[i : i + SEQ_LEN].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + SEQ_LEN].astype(np.int64)) for i in ix])
+        return x, y
+
+    def epoch():  # as many sequences as the concat rows: random offsets, not an epoch of the tokens
+        return sum(len(get_batch(size)[0]) for size in sizes)
+
+    yield epoch
+
+
+@contextmanager
+def _copy_epochs(setup):
+    data = np.memmap(setup["files"]["bin"], dtype=np.uint16, mode="r")
+    count = setup["sequences"]
+    order = np.random.default_rng(setup["seed"]).permutation(count)
+    starts = np.minimum(order * SEQ_LEN, len(data) - SEQ_LEN - 1).tolist()
+    out = np.empty((BATCH, SEQ_LEN + 1), np.uint16)
+
+    def epoch():
+        for batch in range(0, count, BATCH):
+            for row, start in enumerate(starts[batch : batch + BATCH]):
+                out[row] = data[start : start + SEQ_LEN + 1]
+        return count
+
+    yield epoch
+
+
+@contextmanager
+def _hf_epochs(setup):
+    import datasets
+    from torch.utils.data import DataLoader
+
+    blocks = datasets.load_from_disk(setup["files"]["hf"]).with_format("torch")
+    loader = DataLoader(blocks, BATCH, shuffle=True)
+    yield partial(consume, loader, key="input_ids")
+
+
+def run(config, fresh):
+    """Run the LM section; return its rows, targets and text."""
+    workdir = os.path.join(config["workdir"], "lm")
+    num_docs = config["text_docs"] if config.get("quick") else LM_DOCS
+    files = fresh.run(prepare, workdir, num_docs, config["seed"])
+    sequences = -(-(files["tokens"] - 1) // SEQ_LEN)
+    setup = {key: config[key] for key in ("repeats", "min_seconds", "seed")}
+    setup.update(files=files, folder=workdir, sequences=sequences, hf_blocks=files["tokens"] // (SEQ_LEN + 1),
+                 batch_size=BATCH)
+    measured = [fresh.run_median(config["process_repeats"], measure, row, setup) for row in rows(files)]
+    for row in measured:
+        row["tokens_per_s"] = row["samples_per_s"] * SEQ_LEN
+    result = {"rows": measured, "files": {key: value for key, value in files.items() if key != "eod"},
+              "versions": {"datasets": installed_version("datasets"), "tokenizers": installed_version("tokenizers")}}
+    result["targets"] = targets_of(measured)
+    result["text"] = text(result)
+    return result
+
+
+def targets_of(measured):
+    rate = {row["key"]: row["tokens_per_s"] for row in measured}
+    ours = rate["concat"]
+    targets = [{"name": "lm: fastdata concat sequences over the copy of the same rows (warm)",
+                "value": ours / rate["copy"], "threshold": VS_COPY,
+                "info": f"{ours / 1e6:,.1f}M vs {rate['copy'] / 1e6:,.1f}M tokens/s"}]
+    for key, name in (("nanogpt", "nanoGPT get_batch"), ("hf", "Hugging Face group_texts")):
+        if key in rate:
+            targets.append({"name": f"lm: fastdata concat sequences over {name}", "value": ours / rate[key],
+                            "threshold": VS_PEER, "info": f"{ours / 1e6:,.1f}M vs {rate[key] / 1e6:,.1f}M tokens/s"})
+    return targets
+
+
+def text(result):
+    files = result["files"]
+    body = [(row["method"], row["workers"], f"{row['tokens_per_s'] / 1e6:,.1f}", f"{row['samples_per_s']:,.0f}")
+            for row in result["rows"]]
+    table = markdown_table(["reader", "workers", "M tokens/s", "sequences/s"], body, "llrr")
+    versions = ", ".join(f"{name} {version or 'not installed'}" for name, version in result["versions"].items())
+    return "\n".join([f"## Language-model sequences ({files['documents']:,} documents, {files['tokens']:,} tokens "
+                      f"with end-of-document ids; batches of {BATCH} x {SEQ_LEN}, warm)", "",
+                      f"Converted once in {files['convert_seconds']:.1f} s (fastdata convert text, a word-level "
+                      f"tokenizers file). Versions: {versions}.", "", table])

@@ -1,0 +1,50 @@
+"""The language-model section of the benchmark suite, run small: every reader over the same tokenized corpus."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))  # the suite imports as benchmarks.*, shadowing nothing
+
+from benchmarks.fresh import FreshProcesses  # noqa: E402
+from benchmarks.sections import lm  # noqa: E402
+from fastdata import make_loader, open_dataset  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # fresh processes and a trained tokenizer
+
+
+@pytest.fixture(scope="module")
+def section(tmp_path_factory):
+    pytest.importorskip("tokenizers")
+    config = {"quick": True, "text_docs": 400, "repeats": 1, "process_repeats": 1, "min_seconds": 0.01, "seed": 0,
+              "workdir": str(tmp_path_factory.mktemp("work"))}
+    with FreshProcesses() as fresh:
+        return lm.run(config, fresh)
+
+
+def test_the_peers_hold_the_tokens_fastdata_stored(section):
+    files = section["files"]
+    stream = np.fromfile(files["bin"], np.uint16)
+    assert len(stream) == files["tokens"] and files["documents"] == 400
+    loader = make_loader(open_dataset(files["fastdata"]), 4, seq_len=lm.SEQ_LEN, eod=int(stream[-1]))
+    rows = np.concatenate([batch["input_ids"].numpy().reshape(-1) for batch in loader])
+    assert rows[: len(stream) - 1].tolist() == stream[:-1].tolist()  # the concat rows are the nanoGPT stream
+    if "hf" in files:
+        import datasets
+
+        blocks = datasets.load_from_disk(files["hf"])
+        assert blocks[1]["input_ids"] == stream[lm.SEQ_LEN + 1 : 2 * (lm.SEQ_LEN + 1)].tolist()
+
+
+def test_every_reader_is_measured_and_the_targets_are_ratios_of_its_rows(section):
+    rate = {row["key"]: row["tokens_per_s"] for row in section["rows"]}
+    assert {"concat", "best_fit", "mixed", "nanogpt", "copy"} <= set(rate) and min(rate.values()) > 0
+    by_name = {target["name"]: target for target in section["targets"]}
+    copy = by_name["lm: fastdata concat sequences over the copy of the same rows (warm)"]
+    assert copy["value"] == pytest.approx(rate["concat"] / rate["copy"])
+    assert by_name["lm: fastdata concat sequences over nanoGPT get_batch"]["value"] == pytest.approx(
+        rate["concat"] / rate["nanogpt"])
+    assert "M tokens/s" in section["text"] and "best_fit" in section["text"]
