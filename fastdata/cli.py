@@ -170,6 +170,9 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
 @click.option("--label-field", default="label", show_default=True,
               help="CSV or Parquet column / JSON field with the label.")
 @click.option("--no-labels", is_flag=True, help="CSV/JSONL/Parquet: store no labels (all -1).")
+@click.option("--eod", default=None, metavar="TOKEN",
+              help="Record the end-of-document token (or id) of the tokenizer for language-model sequences "
+                   "(make_loader(seq_len=...)); nothing is inserted.")
 @click.option("--unsup/--no-unsup", default=False, show_default=True,
               help="Folder SRC: also store the unsup folder, unlabeled (label -1).")
 @click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
@@ -184,8 +187,8 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
 @_storage_option
 @_reports_errors
 def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html,
-                         source_format, text_field, label_field, no_labels, unsup, container, shard_size, resume,
-                         workers, on_error, overwrite, quiet, storage_options):
+                         source_format, text_field, label_field, no_labels, eod, unsup, container, shard_size,
+                         resume, workers, on_error, overwrite, quiet, storage_options):
     """Tokenize the text corpus SRC once into OUT: a .h5, .hdf5 or .arrow file, or else a shard folder.
 
     SRC is a folder SRC/<label>/<sample>.txt (e.g. aclImdb/train), a .csv/.tsv
@@ -200,7 +203,7 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
         lowercase=lowercase, strip_html=strip_html, source_format=source_format, text_field=text_field,
         label_field=None if no_labels else label_field, include_unsup=unsup, workers=workers, on_error=on_error,
         overwrite=overwrite, progress=not quiet, format=container, shard_size=shard_size, resume=resume,
-        storage_options=_parse_storage_options(storage_options),
+        storage_options=_parse_storage_options(storage_options), eod=int(eod) if eod and eod.isdigit() else eod,
     )
     if resume and not report.finished and not report.redone:
         click.echo("note: --resume: a text conversion starts again from the first text (its vocabulary needs "

@@ -349,6 +349,25 @@ class Tokenizer:
                 f"max_length={self.max_length}>")
 
 
+def eod_id(eod, vocab_size, where, token_id):
+    """Return the end-of-document ``eod`` (an id, or a token such as ``"<|endoftext|>"``) as an id of a vocabulary
+    of ``vocab_size`` ids whose tokens ``token_id(token)`` looks up (None where it has none).
+
+    Raises:
+        OptionError: ``eod`` is no token of the vocabulary, or an id past it, naming ``where``.
+    """
+    if isinstance(eod, str):
+        found = token_id(eod)
+        if found is None:
+            raise OptionError(f"eod={eod!r} is not a token of the tokenizer of {where!r}; pass its id (an int) or a "
+                              "token it has")
+        return found
+    if isinstance(eod, bool) or not isinstance(eod, (int, np.integer)) or not 0 <= eod < vocab_size:
+        raise OptionError(f"eod should be an id of the vocabulary of {where!r} (0..{vocab_size - 1}) or one of its "
+                          f"tokens, got eod={eod!r}")
+    return int(eod)
+
+
 def pad_sequences(sequences, pad_id, *, pad_to=None):
     """Pad 1-D id arrays into ``(ids int64 [B, T], lengths int64 [B])``; cut to ``pad_to`` if given."""
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)

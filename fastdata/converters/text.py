@@ -21,7 +21,7 @@ from functools import partial
 
 import numpy as np
 
-from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, rank_vocabulary
+from fastdata.codecs.tokenizers import SPECIAL_TOKENS, Tokenizer, eod_id, rank_vocabulary
 from fastdata.converters.parallel import ordered_map
 from fastdata.converters.report import ON_ERROR, ConversionReport, check_choice, handle_bad_input
 from fastdata.converters.shards import source_digest
@@ -70,6 +70,7 @@ def convert_text(
     shard_size: int | None = None,
     resume: bool = False,
     storage_options: dict | None = None,
+    eod: int | str | None = None,
 ) -> ConversionReport:
     """Tokenize a text corpus once into a packed ``.h5`` or ``.arrow`` file, or a shard folder.
 
@@ -120,6 +121,9 @@ def convert_text(
             cannot redo one shard: its vocabulary needs every text). An interrupted conversion left
             nothing behind, so it starts again.
         storage_options: URL ``out``: fsspec keywords (credentials, ``endpoint_url``...).
+        eod: the end-of-document id (an int) or token (``"<|endoftext|>"``) of the tokenizer, recorded
+            for language-model sequences (``make_loader(seq_len=...)`` then needs no ``eod=``); nothing
+            is inserted into the stored documents.
 
     Returns:
         ConversionReport.
@@ -137,13 +141,17 @@ def convert_text(
                           "extension")
     remote = remote_output(out, storage_options, shards is not None)
     probe, build = _resolve_tokenizer(tokenizer, vocab, min_freq, max_vocab, max_length, lowercase, strip_html)
+    if eod is not None and build:
+        raise OptionError("eod names a token of the tokenizer, and this one's vocabulary is built from the corpus; "
+                          "give a tokenizer (a tokenizers file, --vocab, or a converted file) to record an eod")
+    eod = None if eod is None else eod_id(eod, probe.vocab_size, src, probe.token_id)
     src = os.fspath(src)
     inputs = read_source(src, source_format_of(src, source_format), text_field, label_field, include_unsup)
     source, redone = _source(inputs, src, text_field, label_field, include_unsup), []
     if shards is not None:
         shards["source_files"] = _source_files(src, inputs)
     if resume:  # see NOTE [resume checks what it keeps] in converters/shards.py
-        expected = {**shards, "preprocessing": _preprocessing(probe, min_freq, max_vocab), "source": source}
+        expected = {**shards, "preprocessing": _preprocessing(probe, min_freq, max_vocab, eod), "source": source}
         finished, redone = finished_folder(out, expected, build, remote)
         if finished is not None:
             skipped = [(entry["path"], entry["reason"]) for entry in finished["skipped"]]
@@ -169,7 +177,7 @@ def convert_text(
                 table = _lookup_table(words, tokenizer)
             # Describe the dataset, then write ids, offsets and labels.
             metadata = _metadata(source, sink.offsets(), labels, _count_unk(sink, table, tokenizer.unk_id), classes,
-                                 tokenizer, truncated, skipped, min_freq, max_vocab)
+                                 tokenizer, truncated, skipped, min_freq, max_vocab, eod)
             if shards is None:
                 if table is not None:
                     sink.remap(table, tokenizer.dtype)
@@ -342,8 +350,9 @@ def _source_files(src, inputs):
     return source_digest(os.path.dirname(os.path.abspath(src)), [os.path.basename(src)])
 
 
-def _preprocessing(tokenizer, min_freq, max_vocab):
+def _preprocessing(tokenizer, min_freq, max_vocab, eod=None):
     return {
+        **({"eod": eod} if eod is not None else {}),  # see convert_text's eod
         "tokenizer": tokenizer.kind,
         "lowercase": tokenizer.lowercase,
         "strip_html": tokenizer.strip_html,
@@ -354,7 +363,7 @@ def _preprocessing(tokenizer, min_freq, max_vocab):
     }
 
 
-def _metadata(source, offsets, labels, unk, classes, tokenizer, truncated, skipped, min_freq, max_vocab):
+def _metadata(source, offsets, labels, unk, classes, tokenizer, truncated, skipped, min_freq, max_vocab, eod):
     lengths = np.diff(offsets)
     return {
         "kind": "text",
@@ -366,7 +375,7 @@ def _metadata(source, offsets, labels, unk, classes, tokenizer, truncated, skipp
         "class_counts": np.bincount(labels[labels >= 0], minlength=len(classes)).tolist(),
         "num_unlabeled": int(np.count_nonzero(labels < 0)),
         "tokenizer": tokenizer.to_dict(),
-        "preprocessing": _preprocessing(tokenizer, min_freq, max_vocab),
+        "preprocessing": _preprocessing(tokenizer, min_freq, max_vocab, eod),
         "lengths": length_stats(lengths, truncated),
         "unk_fraction": round(unk / max(1, int(lengths.sum())), 6),
         "source": source,

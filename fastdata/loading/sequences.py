@@ -22,7 +22,7 @@ import json
 import numpy as np
 import torch
 
-from fastdata.codecs.tokenizers import Tokenizer
+from fastdata.codecs.tokenizers import Tokenizer, eod_id
 from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
@@ -46,7 +46,8 @@ class TokenSequences:
     Args:
         dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus).
         seq_len: tokens per sequence (T).
-        eod: the end-of-document id, or a token of the file's tokenizer (``"<|endoftext|>"``).
+        eod: the end-of-document id, or a token of the file's tokenizer (``"<|endoftext|>"``); default:
+            the one ``convert text --eod`` recorded.
         packing: "concat" (the documents end to end), "pad" (one document per row) or "best_fit" (whole
             documents packed into rows).
     """
@@ -54,14 +55,21 @@ class TokenSequences:
     kind = "sequences"
     read_options = ()
 
-    def __init__(self, dataset, seq_len, eod, packing="concat"):
+    def __init__(self, dataset, seq_len, eod=None, packing="concat"):
         if not isinstance(dataset, PackedDataset) or dataset.kind != "text":
             raise OptionError(f"seq_len cuts a text dataset's documents into sequences; got a "
                               f"{getattr(dataset, 'kind', type(dataset).__name__)!r} dataset")
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise OptionError(f"seq_len should be a positive number of tokens, got seq_len={seq_len!r}")
         self.dataset, self.seq_len, self.packing = dataset, seq_len, packing
-        self.eod = _eod_id(eod, dataset)
+        recorded = dataset.metadata.get("preprocessing", {}).get("eod")  # convert text --eod
+        if eod is None and recorded is None:
+            raise OptionError(f"seq_len ends each document with its end-of-document id, and {dataset.path!r} "
+                              "records none: pass eod=, the id (an int) or a token of the file's tokenizer, e.g. "
+                              "eod='<|endoftext|>' (or convert with --eod)")
+        tokenizer = dataset.metadata["tokenizer"]  # a token is looked up in it, made only then
+        self.eod = eod_id(recorded if eod is None else eod, int(tokenizer["vocab_size"]), dataset.path,
+                          lambda token: Tokenizer.from_dict(tokenizer).token_id(token))
         self.pad_id = int(dataset.metadata["tokenizer"]["pad_id"])
         self.path = dataset.path
         self.is_remote = False  # a URL's shards are fetched as sequences read them: no fetch-ahead, no block order yet
@@ -216,23 +224,4 @@ def token_sequences(dataset, seq_len, packing, eod):
         return dataset
     if packing not in PACKINGS:
         raise OptionError(f"packing should be one of {PACKINGS}, got packing={packing!r}")
-    if eod is None:
-        raise OptionError("seq_len ends each document with its end-of-document id: pass eod=, the id (an int) or a "
-                          "token of the file's tokenizer, e.g. eod='<|endoftext|>'")
     return TokenSequences(dataset, seq_len, eod, packing)
-
-
-def _eod_id(eod, dataset):
-    """Return ``eod`` as an id of ``dataset``'s vocabulary: an int in range, or a token its tokenizer knows."""
-    description = dataset.metadata.get("tokenizer", {})
-    vocab_size = int(description.get("vocab_size", 0))
-    if isinstance(eod, str):
-        found = Tokenizer.from_dict(description).token_id(eod)
-        if found is None:
-            raise OptionError(f"eod={eod!r} is not a token of {dataset.path!r}'s tokenizer; pass its id (an int) "
-                              "or a token it has")
-        return found
-    if isinstance(eod, bool) or not isinstance(eod, (int, np.integer)) or not 0 <= eod < vocab_size:
-        raise OptionError(f"eod should be an id of the file's vocabulary (0..{vocab_size - 1}) or one of its "
-                          f"tokens, got eod={eod!r}")
-    return int(eod)

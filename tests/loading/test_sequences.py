@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import stored_sequences
+from support import run_cli, stored_sequences
 
 from fastdata import OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset
 from fastdata.loading.sequences import IGNORE_INDEX
@@ -188,9 +188,8 @@ def test_the_end_of_document_token_and_options_are_checked(corpus, packed_files)
     path, _, _, eod = corpus
     assert make_loader(open_dataset(path), 2, seq_len=8, eod=EOD).dataset.eod == eod
     for options, message in [
-        ({"seq_len": 8}, "pass eod=, the id"),
-        ({"seq_len": 8, "eod": "<never>"}, "eod='<never>' is not a token of"),
-        ({"seq_len": 8, "eod": 10**6}, r"eod should be an id of the file's vocabulary \(0\.\."),
+        ({"seq_len": 8, "eod": "<never>"}, "eod='<never>' is not a token of the tokenizer of"),
+        ({"seq_len": 8, "eod": 10**6}, r"eod should be an id of the vocabulary of .*docs.h5' \(0\.\."),
         ({"seq_len": 0, "eod": eod}, "seq_len should be a positive number of tokens"),
         ({"seq_len": 8, "eod": eod, "packing": "first_fit"}, r"packing should be one of \('concat', 'pad', 'best"),
         ({"eod": eod}, "eod and packing apply with seq_len"),
@@ -218,3 +217,22 @@ def test_sequences_of_two_corpora_mix_by_tokens_into_one_batch(corpus):
     for row, alone in enumerate(rows):  # each row's own segments, shifted to where the row lies in the batch
         starts += (alone["cu_seqlens"][1:-1] + row * 64).tolist() + [(row + 1) * 64]
     assert batch["cu_seqlens"].tolist() == starts
+
+
+def test_an_end_of_document_token_recorded_at_conversion_is_the_default(corpus, tmp_path):
+    path, _, documents, eod = corpus
+    src, tokenizer = path.parent / "docs.jsonl", path.parent / "tok.json"
+    result = run_cli("convert", "text", src, tmp_path / "eod.h5", "--tokenizer", tokenizer, "--no-labels", "--eod",
+                     EOD, "--quiet")
+    assert result.exit_code == 0, result.output
+    recorded = make_loader(open_dataset(tmp_path / "eod.h5"), 4, seq_len=50)
+    given = make_loader(open_dataset(path), 4, seq_len=50, eod=eod)
+    assert recorded.dataset.eod == eod
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(recorded, given, strict=True))
+    with pytest.raises(OptionError, match="eod='<nope>' is not a token of the tokenizer"):
+        convert_text(src, tmp_path / "bad.h5", tokenizer=tokenizer, label_field=None, eod="<nope>", progress=False)
+    with pytest.raises(OptionError, match="this one's vocabulary is built from the corpus"):
+        convert_text(src, tmp_path / "bad.h5", label_field=None, eod=0, progress=False)
+    assert not (tmp_path / "bad.h5").exists()
+    with pytest.raises(OptionError, match="records none: pass eod="):
+        make_loader(open_dataset(path), 4, seq_len=50)
