@@ -201,6 +201,26 @@ class RecordDataset(Dataset):
                      for name, value in batch.items()}
         return batch
 
+    def token_lengths(self, name):
+        """Return int64 ``[N]``: the length of every value of the tokens field ``name`` (its offsets, every shard)."""
+        return np.concatenate([np.diff(np.asarray(self._open(shard)[name].offsets))
+                               for shard in range(len(self._files))]).astype(np.int64)
+
+    def read_token_ranges(self, documents, starts, stops, name):
+        """Return the ids ``starts[p]:stops[p]`` of value ``documents[p]`` of the tokens field ``name`` for each
+        piece ``p`` (int64 ``[P]`` each, in range), joined: int64 ``[sum(stops - starts)]``; a slice per piece."""
+        shards = np.searchsorted(self._starts, documents, side="right") - 1
+        pieces = [None] * len(documents)
+        for shard in np.unique(shards).tolist():
+            column = self._open(shard)[name]
+            values, offsets = np.asarray(column.values), np.asarray(column.offsets)
+            mine = np.flatnonzero(shards == shard)
+            bases = offsets[documents[mine] - self._starts[shard]]
+            for piece, base, start, stop in zip(mine.tolist(), bases.tolist(), starts[mine].tolist(),
+                                                stops[mine].tolist()):
+                pieces[piece] = values[base + start : base + stop]
+        return np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, np.int64)
+
     def _read_part(self, shard, indices, threads):
         """Return the dict batch of rows ``indices`` (checked, in range) of ``shard``."""
         columns, path = self._open(shard), self._files[shard]

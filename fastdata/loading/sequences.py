@@ -26,6 +26,7 @@ from fastdata.codecs.tokenizers import Tokenizer, eod_id
 from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
+from fastdata.loading.records import RecordDataset
 from fastdata.reading.packing import best_fit_rows
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
@@ -44,7 +45,8 @@ class TokenSequences:
     takes them.
 
     Args:
-        dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus).
+        dataset: a text PackedDataset (``fastdata convert text``; ``--no-labels`` for a corpus), or a
+            RecordDataset reading one ``tokens`` field (``fields=[name]``; padding id 0).
         seq_len: tokens per sequence (T).
         eod: the end-of-document id, or a token of the file's tokenizer (``"<|endoftext|>"``); default:
             the one ``convert text --eod`` recorded.
@@ -56,21 +58,25 @@ class TokenSequences:
     read_options = ()
 
     def __init__(self, dataset, seq_len, eod=None, packing="concat"):
-        if not isinstance(dataset, PackedDataset) or dataset.kind != "text":
-            raise OptionError(f"seq_len cuts a text dataset's documents into sequences; got a "
-                              f"{getattr(dataset, 'kind', type(dataset).__name__)!r} dataset")
+        self.field = _tokens_field(dataset)
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise OptionError(f"seq_len should be a positive number of tokens, got seq_len={seq_len!r}")
         self.dataset, self.seq_len, self.packing = dataset, seq_len, packing
-        recorded = dataset.metadata.get("preprocessing", {}).get("eod")  # convert text --eod
+        if self.field is None:  # a text file: its tokenizer, and the eod convert text --eod recorded
+            recorded = dataset.metadata.get("preprocessing", {}).get("eod")
+            tokenizer = dataset.metadata["tokenizer"]
+            vocab_size, self.pad_id = int(tokenizer["vocab_size"]), int(tokenizer["pad_id"])
+
+            def token_id(token):  # the stored tokenizer, made only for a token
+                return Tokenizer.from_dict(tokenizer).token_id(token)
+        else:  # a record file's tokens field: ids of its dtype, no tokenizer
+            recorded, token_id, self.pad_id = None, lambda token: None, 0
+            vocab_size = int(np.iinfo(dataset.schema[self.field].stored_dtype).max) + 1
         if eod is None and recorded is None:
             raise OptionError(f"seq_len ends each document with its end-of-document id, and {dataset.path!r} "
                               "records none: pass eod=, the id (an int) or a token of the file's tokenizer, e.g. "
                               "eod='<|endoftext|>' (or convert with --eod)")
-        tokenizer = dataset.metadata["tokenizer"]  # a token is looked up in it, made only then
-        self.eod = eod_id(recorded if eod is None else eod, int(tokenizer["vocab_size"]), dataset.path,
-                          lambda token: Tokenizer.from_dict(tokenizer).token_id(token))
-        self.pad_id = int(dataset.metadata["tokenizer"]["pad_id"])
+        self.eod = eod_id(recorded if eod is None else eod, vocab_size, dataset.path, token_id)
         self.path = dataset.path
         self.is_remote = False  # a URL's shards are fetched as sequences read them: no fetch-ahead, no block order yet
         described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": packing}
@@ -87,7 +93,7 @@ class TokenSequences:
 
     def _stream(self):
         if self._starts is None:
-            lengths = self.dataset.lengths
+            lengths = self.dataset.lengths if self.field is None else self.dataset.token_lengths(self.field)
             self._lengths = np.asarray(lengths, np.int64)
             self._starts = np.zeros(len(lengths) + 1, np.int64)
             np.cumsum(self._lengths + 1, out=self._starts[1:])
@@ -174,7 +180,8 @@ class TokenSequences:
         ids = np.cumsum(sizes)[ends > stored_ends] - 1  # where an end-of-document id lies among them
         values = np.ones(len(flat), bool)
         values[ids] = False
-        flat[values] = self.dataset.read_token_ranges(documents, begins, stored_ends)
+        ranges = (documents, begins, stored_ends) + ((self.field,) if self.field is not None else ())
+        flat[values] = self.dataset.read_token_ranges(*ranges)
         flat[ids] = self.eod
         tokens = np.full((len(indices), width), self.pad_id, np.int64)
         tokens[inside] = flat
@@ -201,6 +208,24 @@ class TokenSequences:
 
     def changed_files(self):
         return self.dataset.changed_files()
+
+
+def _tokens_field(dataset):
+    """Return the tokens field of a RecordDataset read for sequences, or None for a text PackedDataset.
+
+    Raises:
+        OptionError: any other dataset, or a record dataset reading no tokens field or several.
+    """
+    if isinstance(dataset, PackedDataset) and dataset.kind == "text":
+        return None
+    if isinstance(dataset, RecordDataset):
+        tokens = [name for name in dataset.fields if dataset.schema[name].type == "tokens"]
+        if len(tokens) == 1:
+            return tokens[0]
+        raise OptionError(f"seq_len cuts one tokens field into sequences; {dataset.path!r} reads "
+                          f"{len(tokens)} ({', '.join(tokens) or 'none'}): pick one with fields=[...]")
+    raise OptionError(f"seq_len cuts a text dataset's documents into sequences; got a "
+                      f"{getattr(dataset, 'kind', type(dataset).__name__)!r} dataset")
 
 
 def _counted(counts):

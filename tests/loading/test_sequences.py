@@ -1,6 +1,7 @@
 """make_loader(seq_len=...): language-model sequences cut at load time from documents (NOTE [concat packing])."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import run_cli, stored_sequences
 
-from fastdata import OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset
+from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.loading.sequences import IGNORE_INDEX
 
 EOD = "<|endoftext|>"
@@ -236,3 +237,22 @@ def test_an_end_of_document_token_recorded_at_conversion_is_the_default(corpus, 
     assert not (tmp_path / "bad.h5").exists()
     with pytest.raises(OptionError, match="records none: pass eod="):
         make_loader(open_dataset(path), 4, seq_len=50)
+
+
+def test_a_record_files_tokens_field_gives_the_same_sequences(corpus, tmp_path):
+    path, _, documents, eod = corpus
+    write([{"id": number, "tokens": document.tolist(), "note": "x" * (number % 5)}
+           for number, document in enumerate(documents)], tmp_path / "docs", {"id": "int", "tokens": Field(
+               "tokens", dtype="uint16"), "note": "str"}, shard_size=20_000)
+    records = open_dataset(tmp_path / "docs", fields=["tokens"])
+    for packing in ("concat", "best_fit"):
+        mine = make_loader(records, 4, seq_len=77, eod=eod, packing=packing, shuffle=True, seed=1)
+        theirs = make_loader(open_dataset(path), 4, seq_len=77, eod=eod, packing=packing, shuffle=True, seed=1)
+        for a, b in zip(mine, theirs, strict=True):
+            for key in ("input_ids", "labels", "position_ids", "document_ids"):
+                assert torch.equal(a[key], b[key]) if key != "input_ids" else torch.equal(
+                    a[key][b["document_ids"] >= 0], b[key][b["document_ids"] >= 0])  # padding: 0 against [PAD]
+    with pytest.raises(OptionError, match="reads 0 \\(none\\): pick one with fields"):
+        make_loader(open_dataset(tmp_path / "docs", fields=["id"]), 4, seq_len=8, eod=eod)
+    with pytest.raises(OptionError, match=re.escape("eod='<|endoftext|>' is not a token of the tokenizer")):
+        make_loader(records, 4, seq_len=8, eod=EOD)  # a record file keeps no tokenizer: ids only
