@@ -163,10 +163,12 @@ class TokenSequences:
         the rows' tokens in order, with no lookup per token. Batches of 8
         rows of 2048 over 20,000 documents of about 270 tokens (one file,
         warm, this 2-core VM): read_batch at 8.6M tokens/s with a document
-        found per token (searchsorted) and gathered, 34.4M now. Beside a
-        CI run in the same minute: 16.6M against 30.4M for nanoGPT's
-        get_batch (x and y only, random offsets into a uint16 memmap of the
-        same tokens): the per-batch numpy calls, about 40, are the cost.
+        found per token (searchsorted) and gathered, 34.4M through the mask,
+        52.9M where every row is full and the outputs are reshaped from the
+        pieces (all of a concat batch but the stream's last row), against
+        60.9M for nanoGPT's get_batch (x and y only, random offsets into a
+        uint16 memmap of the same tokens) in the same run: the per-batch
+        numpy calls, about 40, and the slice per piece are the cost.
         """
         indices = checked_indices(np.asarray(indices, np.int64), len(self), self.path)
         _, lengths = self._stream()
@@ -183,14 +185,19 @@ class TokenSequences:
         ranges = (documents, begins, stored_ends) + ((self.field,) if self.field is not None else ())
         flat[values] = self.dataset.read_token_ranges(*ranges)
         flat[ids] = self.eod
-        tokens = np.full((len(indices), width), self.pad_id, np.int64)
-        tokens[inside] = flat
-        position_ids = np.arange(width) - filled[:, None]  # the padding counts from 0
-        position_ids[inside] = np.repeat(begins, sizes) + _counted(sizes)
-        document_ids = np.full(tokens.shape, -1, np.int64)
-        document_ids[inside] = np.repeat(documents, sizes)
-        labels = tokens[:, 1:].copy()
-        labels[~inside[:, 1:]] = IGNORE_INDEX
+        positions, owners = np.repeat(begins, sizes) + _counted(sizes), np.repeat(documents, sizes)
+        if len(flat) == inside.size:  # every row full (all of a concat batch but the stream's last row): reshape
+            tokens, position_ids, document_ids = (array.reshape(inside.shape) for array in (flat, positions, owners))
+            labels = tokens[:, 1:]
+        else:
+            tokens = np.full((len(indices), width), self.pad_id, np.int64)
+            tokens[inside] = flat
+            position_ids = np.arange(width) - filled[:, None]  # the padding counts from 0
+            position_ids[inside] = positions
+            document_ids = np.full(tokens.shape, -1, np.int64)
+            document_ids[inside] = owners
+            labels = tokens[:, 1:].copy()
+            labels[~inside[:, 1:]] = IGNORE_INDEX
         batch = {"input_ids": tokens[:, :-1], "labels": labels, "position_ids": position_ids[:, :-1],
                  "document_ids": document_ids[:, :-1]}
         batch["cu_seqlens"] = cu_seqlens(batch["document_ids"])
