@@ -27,7 +27,7 @@ from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.records import RecordDataset
-from fastdata.reading.packing import best_fit_rows
+from fastdata.reading.packing import best_fit_rows, counted
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
 PACKINGS = ("concat", "pad", "best_fit")
@@ -133,7 +133,7 @@ class TokenSequences:
             last = np.minimum(first + self.seq_len + 1, starts[-1])
             d0 = np.searchsorted(starts, first, side="right") - 1
             counts = np.searchsorted(starts, last - 1, side="right") - d0
-            documents = np.repeat(d0, counts) + _counted(counts)
+            documents = np.repeat(d0, counts) + counted(counts)
             begins = np.maximum(np.repeat(first, counts) - starts[documents], 0)
             ends = np.minimum(np.repeat(last, counts) - starts[documents], lengths[documents] + 1)
             return np.repeat(np.arange(len(indices)), counts), documents, begins, ends
@@ -145,7 +145,7 @@ class TokenSequences:
                     np.minimum(begins + self.seq_len + 1, lengths[documents] + 1))
         row_starts, owners, piece_starts, piece_stops = self._best_fit()
         counts = row_starts[indices + 1] - row_starts[indices]
-        pieces = np.repeat(row_starts[indices], counts) + _counted(counts)
+        pieces = np.repeat(row_starts[indices], counts) + counted(counts)
         return np.repeat(np.arange(len(indices)), counts), owners[pieces], piece_starts[pieces], piece_stops[pieces]
 
     def __getitem__(self, index):
@@ -185,7 +185,7 @@ class TokenSequences:
         ranges = (documents, begins, stored_ends) + ((self.field,) if self.field is not None else ())
         flat[values] = self.dataset.read_token_ranges(*ranges)
         flat[ids] = self.eod
-        positions, owners = np.repeat(begins, sizes) + _counted(sizes), np.repeat(documents, sizes)
+        positions, owners = np.repeat(begins, sizes) + counted(sizes), np.repeat(documents, sizes)
         if len(flat) == inside.size:  # every row full (all of a concat batch but the stream's last row): reshape
             tokens, position_ids, document_ids = (array.reshape(inside.shape) for array in (flat, positions, owners))
             labels = tokens[:, 1:]
@@ -233,11 +233,6 @@ def _tokens_field(dataset):
                           f"{len(tokens)} ({', '.join(tokens) or 'none'}): pick one with fields=[...]")
     raise OptionError(f"seq_len cuts a text dataset's documents into sequences; got a "
                       f"{getattr(dataset, 'kind', type(dataset).__name__)!r} dataset")
-
-
-def _counted(counts):
-    """Return ``0..c-1`` for each ``c`` of ``counts``, joined: the position of each item in its group."""
-    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def cu_seqlens(document_ids):

@@ -57,7 +57,7 @@ def _pieces(lengths, seq_len):
     tokens = lengths + 1  # with the end-of-document id
     rows = np.maximum(0, -(-(tokens - 1 - seq_len) // seq_len))  # whole rows of a document longer than a row
     documents = np.repeat(np.arange(len(lengths)), rows)
-    starts = (np.arange(len(documents)) - np.repeat(np.cumsum(rows) - rows, rows)) * seq_len
+    starts = counted(rows) * seq_len
     stops = starts + seq_len + 1
     rest = rows * seq_len  # where the remainder starts: it needs a label past its first token, so 2 tokens
     left = np.flatnonzero(tokens - rest >= 2)
@@ -66,6 +66,11 @@ def _pieces(lengths, seq_len):
     stops = np.concatenate([stops, tokens[left]])
     keep = np.lexsort((starts, documents))
     return documents[keep], starts[keep], stops[keep]
+
+
+def counted(counts):
+    """Return ``0..c-1`` for each ``c`` of ``counts`` (int64), joined: the position of each item in its group."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 class _Rooms:
