@@ -20,6 +20,9 @@ on the CPU (``--device cpu --quick``), which is how it is tested without a GPU.
   already on the device (the model alone). It reports steps/s and the
   data-wait share: the time the loop spends in ``next()`` over the timed
   window, from the first timed step to a synchronize after the last.
+* host reads: the same files read as the training rows read them, with
+  no GPU work (raw: the host batches; jpeg: the fused crop and flips on
+  the CPU), in img/s: what the loader can deliver at most.
 
 NOTE [waits in next() on a GPU]: CUDA runs ahead of the loop, so a loop
 whose GPU is busy blocks in its kernel launches, and one whose data is
@@ -148,6 +151,27 @@ def measure_copies(path, setup):
             for key, values in rates.items()]
 
 
+def measure_host(spec, setup):
+    """Read ``spec = (storage, path)`` as the training rows do, with no GPU work; return its img/s row.
+
+    Raw: make_loader's host batches (pinned where CUDA is there). JPEG: the
+    RandomResizedCrop fused into decoding and its flips, on the CPU. What
+    the loader can deliver at most, beside what each model takes.
+    """
+    from fastdata.loading.augment import RandomResizedCrop
+
+    storage, path = spec
+    device, options = ("cpu", {"augment": RandomResizedCrop(setup["crop"])}) if storage == "jpeg" else (None, {})
+    _, batches = _loader(path, {**setup, "device": device}, setup["batch_size"], **options)
+    time_steps(batches, lambda batch: None, 0.0, setup["warmup_steps"], lambda: None)
+    steps, seconds, _ = time_steps(batches, lambda batch: None, setup["copy_seconds"] * 2, setup["min_steps"],
+                                   lambda: None)
+    batches.close()
+    print(f"  gpu host {storage}: {steps * setup['batch_size'] / seconds:,.0f} img/s", flush=True)
+    return {"storage": storage, "steps": steps, "seconds": seconds,
+            "samples_per_s": steps * setup["batch_size"] / seconds}
+
+
 def measure_training(spec, setup):
     """Train ``spec = (model name, storage, path or None)`` for the warm-up and timed steps; return its row."""
     import torch
@@ -207,11 +231,13 @@ def measure(workdir, setup, fresh):
     """Make the packed files, then measure the copies and every training row, each in a fresh process."""
     files = prepare(workdir, setup)
     copies = fresh.run(measure_copies, files["raw"], setup)
+    host = [fresh.run(measure_host, (storage, files[storage]), setup) for storage in ("raw", "jpeg")]
     specs = [(name, storage, files.get(storage)) for name in MODELS for storage in ("model only", "raw", "jpeg")]
     training = [fresh.run(measure_training, spec, setup) for spec in specs]
-    return {"setup": setup, "files": files, "copies": copies, "training": training,
+    return {"setup": setup, "files": files, "copies": copies, "host": host, "training": training,
             "targets": targets_of(copies, training, setup["device"]),
-            "tables": {"copies": copies_table(copies), "training": training_table(training, setup)}}
+            "tables": {"copies": copies_table(copies), "host": host_table(host, setup),
+                       "training": training_table(training, setup)}}
 
 
 def targets_of(copies, training, device):
@@ -244,6 +270,14 @@ def copies_table(rows):
     headers = [f"uint8 batches {shape} ({rows[0]['batch_bytes'] / 1e6:.3g} MB)", "GB/s",
                "vs pinned copy_" if "pinned" in by_key else "vs plain copy_", "pin_memory"]
     return markdown_table(headers, body, "lrrl")
+
+
+def host_table(rows, setup):
+    from fastdata.measure.tables import markdown_table
+
+    body = [(row["storage"], f"{row['samples_per_s']:,.0f}", row["steps"]) for row in rows]
+    headers = [f"host batches of {setup['batch_size']}, no GPU work", "img/s", "batches"]
+    return markdown_table(headers, body, "lrr")
 
 
 def training_table(rows, setup):

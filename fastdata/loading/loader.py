@@ -131,8 +131,8 @@ def make_loader(
             starts a torch DataLoader whose workers each read whole batches;
             "auto": as `fastdata tune` recommended for the dataset's file, or
             0 where it was not tuned (see NOTE [auto workers]).
-        pin_memory: page-locked batches for fast GPU copies; default: only
-            where CUDA is available and no ``device`` is given.
+        pin_memory: page-locked batches for fast GPU copies; default: where
+            CUDA is available and ``device`` is None or a CUDA device.
         prefetch_factor: batches read ahead (per worker with workers);
             default 2, or the tuned value with ``num_workers="auto"``.
         persistent_workers: keep worker processes between epochs.
@@ -146,8 +146,7 @@ def make_loader(
             world_size, block_size and window.
         device: None: uint8 batches on the CPU, as read; "cpu", "cuda" or a
             torch.device: every batch, labels (and text lengths) included, on
-            that device, CUDA copies issued ahead from pinned buffers (the
-            read is then not pinned unless ``pin_memory=True``).
+            that device, CUDA copies issued ahead from the pinned batches.
         augment: with ``device``: a batched transform of
             fastdata.loading.augment, e.g. ``RandomResizedCrop(224)``, called
             with each batch's global indices, its epoch and ``seed``; a
@@ -236,8 +235,8 @@ def make_loader(
     options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)
-    if pin_memory is None:
-        pin_memory = device is None and torch.cuda.is_available()  # a pipeline pins into its own buffers
+    if pin_memory is None:  # see NOTE [pinned reads] in device.py
+        pin_memory = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
                      "world_size": world_size, "block_size": block_size, "window": window}
     readahead = None  # see NOTE [one read-ahead] in state.py

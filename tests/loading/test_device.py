@@ -83,7 +83,7 @@ def test_without_ops_the_cpu_pipeline_is_the_plain_path(packed):
     dataset = open_dataset(packed)
     plain = epoch_batches(make_loader(dataset, 4, shuffle="uniform"))
     loader = make_loader(dataset, 4, shuffle="uniform", device="cpu")
-    assert loader.pin_memory is False  # the pipeline pins into its own buffers where it copies to a GPU
+    assert loader.pin_memory is False  # a CPU device pins nothing, CUDA or not (NOTE [pinned reads])
     moved = epoch_batches(loader)
     cast = epoch_batches(make_loader(dataset, 4, shuffle="uniform", device=torch.device("cpu"), dtype=torch.float16))
     for (images, labels), (ours, our_labels), (half, _) in zip(plain, moved, cast, strict=True):
@@ -463,3 +463,13 @@ def test_staging_slots_copy_batches_round_robin_without_touching_the_others(shap
         staged.append((views, images.clone(), labels.clone()))
         for views, images, labels in staged[-count:]:  # the slots not taken again since: untouched
             assert torch.equal(views[0], images) and torch.equal(views[1], labels)
+
+
+def test_a_batch_whose_images_are_pinned_stages_its_labels_alone():
+    # a pinned read (pin_memory=True) pins the images, not the labels: the copier stages only tensor 1 of the batch
+    # (an IndexError on the first H200 run of gpu-check, where a slot had no buffer 0 yet)
+    slots = StagingSlots(2, lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
+    labels = torch.arange(5, dtype=torch.int64)
+    assert torch.equal(slots.stage(slots.take(), 1, labels), labels)
+    images = torch.randint(0, 256, (5, 3, 4, 4), dtype=torch.uint8)
+    assert torch.equal(slots.stage(slots.take(), 0, images), images)

@@ -6,6 +6,7 @@ import shutil
 import warnings
 
 import pytest
+import torch
 from support import run_cli
 
 from fastdata import make_loader, open_dataset
@@ -178,7 +179,8 @@ def tuned(path, curve, **options):
     return tune_loader(path, budget=100, measure=fake(curve), max_workers=2, **options)
 
 
-def test_tune_loader_result(private):
+def test_tune_loader_result(private, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as without CUDA: pin_memory is not searched
     result = tuned(private, {0: 100, 1: 300, 2: 200})  # as fast at any batch size: the smallest tried wins
     assert result.recommended == {"batch_size": 64, "num_workers": 1, "prefetch_factor": 2, "pin_memory": False}
     assert result.call() == "make_loader(dataset, batch_size=64, num_workers=1, prefetch_factor=2, pin_memory=False)"
@@ -280,7 +282,7 @@ def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
     assert "recommended: make_loader(dataset, batch_size=" in result.output
     saved = read_json(tune_json_path(private))
     assert saved["file"]["path"] == os.path.abspath(private) and saved["trials"]
-    assert set(saved["recommended"]) == set(DEFAULTS) and saved["machine"]["cuda"] is False
+    assert set(saved["recommended"]) == set(DEFAULTS) and saved["machine"]["cuda"] is torch.cuda.is_available()
     assert saved["elapsed_seconds"] > 0 and read_recommendation(private) == saved["recommended"]
 
 
