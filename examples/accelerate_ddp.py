@@ -54,6 +54,7 @@ def main():
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     accelerator.register_for_checkpointing(loader)
     train(args, accelerator, model, optimizer, loader)
+    accelerator.wait_for_everyone()  # no rank closes the group while another's last collective is still in flight
     accelerator.end_training()
 
 

@@ -20,6 +20,12 @@ on the CPU (``--device cpu --quick``), which is how it is tested without a GPU.
   already on the device (the model alone). It reports steps/s and the
   data-wait share: the time the loop spends in ``next()`` over the timed
   window, from the first timed step to a synchronize after the last.
+* helper rows: ResNet-18 from raw and jpeg again, the batches read in a
+  helper process (``make_loader(helper_process=True)``, issue 28): on the
+  first H200 run the in-process rows kept 0.66-0.70 (raw) of the model
+  alone while the host read alone delivered twice what the model takes,
+  so the reading threads' share of the training process (the GIL) is the
+  suspect. Informative: the targets are the in-process rows'.
 * host reads: the same files read as the training rows read them, with
   no GPU work (raw: the host batches; jpeg: the fused crop and flips on
   the CPU), in img/s: what the loader can deliver at most.
@@ -173,13 +179,17 @@ def measure_host(spec, setup):
 
 
 def measure_training(spec, setup):
-    """Train ``spec = (model name, storage, path or None)`` for the warm-up and timed steps; return its row."""
+    """Train ``spec = (model name, storage, path or None, helper)`` for the warm-up and timed steps; return its row.
+
+    ``helper``: the batches are read in a helper process (``make_loader(helper_process=True)``), off the process
+    whose thread launches the step's kernels.
+    """
     import torch
 
     from benchmarks.resnet import make_resnet
     from fastdata.loading.augment import RandomResizedCrop
 
-    name, storage, path = spec
+    name, storage, path, helper = spec
     device, sync = torch.device(setup["device"]), _sync(torch.device(setup["device"]))
     torch.manual_seed(setup["seed"])
     torch.backends.cudnn.benchmark = True
@@ -193,7 +203,7 @@ def measure_training(spec, setup):
         batches = itertools.repeat((images, torch.randint(0, 1000, shape[:1], device=device)))
     else:
         _, batches = _loader(path, setup, setup["batch_size"], augment=RandomResizedCrop(setup["crop"]),
-                             normalize=True, dtype=dtype, memory_format=torch.channels_last)
+                             normalize=True, dtype=dtype, memory_format=torch.channels_last, helper_process=helper)
     step = _train_step(model, optimizer, setup["precision"])
     step(next(batches))
     sync()
@@ -203,8 +213,10 @@ def measure_training(spec, setup):
     if hasattr(batches, "close"):
         batches.close()
     memory = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    print(f"  gpu {name} {storage}: {steps / seconds:.2f} steps/s, data-wait {wait / seconds:.2%}", flush=True)
-    return {"model": name, "storage": storage, "steps": steps, "seconds": seconds, "wait_seconds": wait,
+    where = ", helper process" if helper else ""
+    print(f"  gpu {name} {storage}{where}: {steps / seconds:.2f} steps/s, data-wait {wait / seconds:.2%}", flush=True)
+    return {"model": name, "storage": storage, "helper_process": helper, "steps": steps, "seconds": seconds,
+            "wait_seconds": wait,
             "steps_per_s": steps / seconds, "samples_per_s": steps * setup["batch_size"] / seconds,
             "data_wait": wait / seconds, "first_step_seconds": first_step, "max_memory_bytes": memory,
             "parameters": sum(p.numel() for p in model.parameters())}
@@ -232,7 +244,8 @@ def measure(workdir, setup, fresh):
     files = prepare(workdir, setup)
     copies = fresh.run(measure_copies, files["raw"], setup)
     host = [fresh.run(measure_host, (storage, files[storage]), setup) for storage in ("raw", "jpeg")]
-    specs = [(name, storage, files.get(storage)) for name in MODELS for storage in ("model only", "raw", "jpeg")]
+    specs = [(name, storage, files.get(storage), False) for name in MODELS for storage in ("model only", "raw", "jpeg")]
+    specs += [(MODELS[0], storage, files[storage], True) for storage in ("raw", "jpeg")]  # the helper rows
     training = [fresh.run(measure_training, spec, setup) for spec in specs]
     return {"setup": setup, "files": files, "copies": copies, "host": host, "training": training,
             "targets": targets_of(copies, training, setup["device"]),
@@ -249,7 +262,7 @@ def targets_of(copies, training, device):
                 "info": f"{rates['loader'] / 1e9:.2f} vs {rates[plain] / 1e9:.2f} GB/s"}]
     alone = {row["model"]: row["steps_per_s"] for row in training if row["storage"] == "model only"}
     for row in training:
-        if row["storage"] != "model only":
+        if row["storage"] != "model only" and not row["helper_process"]:
             targets.append({"name": f"{row['model']} from packed {row['storage']}: share of the window in next()",
                             "value": row["data_wait"], "threshold": DATA_WAIT_MAX, "at_least": False,
                             "info": f"{row['steps_per_s']:.2f} steps/s, {row['steps_per_s'] / alone[row['model']]:.2f}"
@@ -284,12 +297,14 @@ def training_table(rows, setup):
     from fastdata.measure.tables import markdown_table
 
     alone = {row["model"]: row["steps_per_s"] for row in rows if row["storage"] == "model only"}
-    body = [(row["model"], row["storage"], f"{row['steps_per_s']:.2f}", f"{row['samples_per_s']:,.0f}",
+    body = [(row["model"], row["storage"], "helper process" if row["helper_process"] else "this process",
+             f"{row['steps_per_s']:.2f}", f"{row['samples_per_s']:,.0f}",
              f"{row['steps_per_s'] / alone[row['model']]:.2f}", f"{row['data_wait']:.2%}",
              f"{row['first_step_seconds']:.2f}", row["steps"]) for row in rows]
-    headers = ["model", f"input ({setup['crop']} px, batch {setup['batch_size']}, {setup['precision']})", "steps/s",
+    headers = ["model", f"input ({setup['crop']} px, batch {setup['batch_size']}, {setup['precision']})", "read in",
+               "steps/s",
                "img/s", "vs model alone", "data-wait", "first step s", "timed steps"]
-    return markdown_table(headers, body, "llrrrrrr")
+    return markdown_table(headers, body, "lllrrrrrr")
 
 
 def run(config, fresh):

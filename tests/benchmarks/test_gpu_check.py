@@ -105,8 +105,9 @@ def test_the_cpu_variant_measures_and_writes_every_part(tmp_path):
     assert [row["key"] for row in results["copies"]] == ["loader", "pageable"]  # nothing is pinned on the CPU
     assert all(row["bytes_per_s"] > 0 and row["batch_bytes"] == 8 * 3 * 40 * 40 for row in results["copies"])
     rows = results["training"]
-    assert [(row["model"], row["storage"]) for row in rows] == [
-        (model, storage) for model in gpu.MODELS for storage in ("model only", "raw", "jpeg")]
+    assert [(row["model"], row["storage"], row["helper_process"]) for row in rows] == [
+        *((model, storage, False) for model in gpu.MODELS for storage in ("model only", "raw", "jpeg")),
+        (gpu.MODELS[0], "raw", True), (gpu.MODELS[0], "jpeg", True)]
     for row in rows:
         assert row["steps"] >= 1 and row["steps_per_s"] > 0 and 0 <= row["data_wait"] <= 1
         assert row["parameters"] == pytest.approx(PUBLISHED_PARAMETERS[row["model"]], rel=0.01)

@@ -82,7 +82,8 @@ def run_session(command, folder, name):
     """
     port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONFAULTHANDLER": "1"}  # a rank that aborts (SIGABRT, once in CI at exit) prints every thread's stack
     log = os.path.join(folder, f"{name}.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen([part.replace("{port}", str(port)) for part in command], stdout=out,
