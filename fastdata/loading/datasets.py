@@ -218,6 +218,38 @@ class PackedDataset(BatchReads, Dataset):
             self._store.leave()
         return joined.astype(np.int64, copy=False)
 
+    def read_token_spans(self, first_documents, begins, last_documents, ends):
+        """Return the stored ids of each span, joined (int64), or None where a span's documents lie in two files.
+
+        Span ``j`` runs from position ``begins[j]`` of document ``first_documents[j]`` to position ``ends[j]``
+        (exclusive) of document ``last_documents[j]``, the documents between whole: a file stores its documents
+        back to back, so a span is one slice (TokenSequences' concat rows, NOTE [concat rows]). Text only.
+        """
+        if self.kind != "text":
+            raise TypeError(f"{self.path!r} holds {self.kind} samples; token ids are read from text files")
+        spans = len(first_documents)
+        unique, inverse = np.unique(np.concatenate([first_documents, last_documents]), return_inverse=True)
+        self._store.enter()  # see NOTE [read leases] in leases.py
+        try:
+            parts = self._store.parts(unique)
+            try:
+                part_of, firsts, values = np.empty(len(unique), np.int64), np.empty(len(unique), np.int64), []
+                for part, (columns, rows, start, stop) in enumerate(zip(
+                        parts.columns, _split(parts.indices, parts.bounds), parts.bounds, parts.bounds[1:])):
+                    part_of[start:stop] = part
+                    firsts[start:stop] = np.asarray(columns.offsets)[rows]
+                    values.append(np.asarray(columns.samples))
+                first, last = inverse[:spans], inverse[spans:]
+                if (part_of[first] != part_of[last]).any():
+                    return None
+                joined = np.concatenate([values[part][low:high] for part, low, high in zip(
+                    part_of[first].tolist(), (firsts[first] + begins).tolist(), (firsts[last] + ends).tolist())])
+            finally:
+                parts.release()
+        finally:
+            self._store.leave()
+        return joined.astype(np.int64, copy=False)
+
     def __len__(self):
         return self._num_samples
 

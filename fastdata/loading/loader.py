@@ -21,6 +21,7 @@ NOTE [in-process default]).
 """
 
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
@@ -38,7 +39,7 @@ from fastdata.loading.mixture import Mixture
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.records import RecordDataset
 from fastdata.loading.samplers import BatchIndexSampler, resolve_rank
-from fastdata.loading.sequences import token_sequences
+from fastdata.loading.sequences import TokenSequences, token_sequences
 from fastdata.loading.transport import SharedSlots
 from fastdata.loading.workers import WorkerLoader, worker_loader
 from fastdata.reading.order import SHUFFLES
@@ -242,7 +243,7 @@ def make_loader(
     readahead = None  # see NOTE [one read-ahead] in state.py
     if batch_sampler is None:
         remote = getattr(dataset, "is_remote", False)
-        fits = not isinstance(dataset, PackedDataset) or choose_shuffle(dataset)[0] == "uniform"  # the page cache
+        fits = _fits_page_cache(dataset)
         sampler = _index_sampler(dataset, batch_size, seed, **order_options, remote=remote, fits=fits)
         readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=num_workers == 0)
     else:
@@ -266,6 +267,25 @@ def make_loader(
                          multiprocessing_context=multiprocessing_context)
 
 
+def _fits_page_cache(dataset):
+    """Whether ``dataset`` stays in the page cache (NOTE [auto shuffle] in shuffles.py): a packed file or folder, and
+    the concat or pad sequences of a text one (NOTE [sequence blocks]); any other dataset is taken to."""
+    if not _sized(dataset):
+        return True
+    fits = choose_shuffle(dataset)[0] == "uniform"
+    if not fits and getattr(dataset, "packing", None) == "best_fit":
+        warnings.warn(f"{dataset.path!r} does not fit in memory, and packing='best_fit' rows take documents from "
+                      "the whole corpus, so every epoch reads them from disk at random (no block order); "
+                      "packing='concat' or 'pad' reads rows in blocks", UserWarning, stacklevel=3)
+        return True
+    return fits
+
+
+def _sized(dataset):
+    """Whether the stored bytes of ``dataset`` are known: a packed file or folder, or the sequences of a text one."""
+    return isinstance(dataset, PackedDataset) or (isinstance(dataset, TokenSequences) and dataset.nbytes is not None)
+
+
 def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, rank, world_size, block_size,
                    window, remote, fits):
     """Return the BatchIndexSampler of make_loader's options, its rank and world from torch.distributed by default.
@@ -278,7 +298,7 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     shuffle = _shuffle_mode(shuffle, fits and not remote, group)
     if shuffle == "block" and None in (block_size, window):
         chosen = True
-        if not isinstance(dataset, PackedDataset) and not remote:
+        if not _sized(dataset) and not remote:
             raise OptionError(f"shuffle='block' over a local {type(dataset).__name__} needs block_size and window")
         default_size, default_window = _default_block_settings(dataset, remote, group)
         block_size, window = block_size or default_size, window or default_window
@@ -306,6 +326,8 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
         # 361k against 146k in block order. A dataset that fits is read from
         # disk once whatever the order (the read-around pages stay cached),
         # so only one that does not fit gets them.
+        return None
+    if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: the block order alone
         return None
     # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
     # reads] in windows.py); workers and ranks share their reads through the page cache.

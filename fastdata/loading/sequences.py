@@ -113,6 +113,25 @@ class TokenSequences:
             self._rows = best_fit_rows(self._stream()[1], self.seq_len)
         return self._rows
 
+    @property
+    def nbytes(self):
+        """Bytes of the text file(s) behind the sequences (what decides a block order, NOTE [sequence blocks]);
+        None for a record file's tokens field.
+
+        NOTE [sequence blocks]: concat and pad rows lie on disk in their
+        index order, so make_loader's shuffle=True treats sequences as it
+        treats images (NOTE [auto shuffle] in shuffles.py): a corpus whose
+        files do not fit in memory is read in the block order, blocks of
+        about BLOCK_BYTES of stored tokens, with no kernel hints or window
+        reads (those read packed samples). best_fit rows take documents from
+        the whole corpus, so they stay in the uniform order and make_loader
+        warns. Not measured at scale: the lm benchmark's 59 MB file evicted
+        before each run read 35-38M (uniform) and 31-39M (block) tokens/s
+        over 400 batches, the CPU's rate, the kernel's read-around caching
+        so small a file within the run.
+        """
+        return getattr(self.dataset, "nbytes", None)
+
     def __len__(self):
         if self.packing == "pad":
             return int(self._document_rows()[-1])
@@ -171,6 +190,65 @@ class TokenSequences:
         numpy calls, about 40, and the slice per piece are the cost.
         """
         indices = checked_indices(np.asarray(indices, np.int64), len(self), self.path)
+        batch = self._concat_rows(indices) if self.packing == "concat" and self.field is None else None
+        if batch is None:
+            batch = self._from_pieces(indices)
+            batch["cu_seqlens"] = cu_seqlens(batch["document_ids"])
+        batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in batch.items()}
+        return {name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch
+
+    def _concat_rows(self, indices):
+        """Return the numpy batch of concat rows ``indices`` read a slice per row, or None (see NOTE [concat rows]).
+
+        NOTE [concat rows]: a file stores its documents back to back, so a
+        full concat row (all but the stream's last) is one slice of the
+        stored ids with the end-of-document ids of the documents it ends
+        put in between; its positions and document ids follow from where
+        those ids lie, and cu_seqlens from the segments, not per token. One
+        slice per row instead of one per piece: batches of 8 x 2048 over the
+        lm benchmark's 100,000 documents (28.9M tokens, one file, warm, 2
+        cores, 200 batches, 3 interleaved rounds, /tmp/lmcmp.py) took
+        292-311 us against 389-415 us by the pieces (before their
+        cu_seqlens), with equal outputs. A batch holding the stream's last
+        row, or a row across two shards, is read by its pieces (NOTE
+        [sequence pieces]); so is a record file's tokens field.
+        """
+        starts, lengths = self._stream()
+        width, batch_size = self.seq_len + 1, len(indices)
+        first = indices * self.seq_len
+        last = first + width  # exclusive
+        if batch_size == 0 or last.max() > starts[-1]:
+            return None
+        d0 = np.searchsorted(starts, first, side="right") - 1
+        d1 = np.searchsorted(starts, last - 1, side="right") - 1
+        in_last = last - starts[d1]  # positions of document d1 in the row (its eod too, where past its length)
+        joined = self.dataset.read_token_spans(d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]))
+        if joined is None:
+            return None
+        counts = d1 - d0 + 1  # segments (documents) of each row
+        documents = np.repeat(d0, counts) + counted(counts)
+        row_first = np.repeat(first, counts)
+        begin = np.maximum(starts[documents], row_first)  # stream positions of each segment
+        end = np.minimum(starts[documents + 1], row_first + width)
+        sizes = end - begin
+        flat_begin = np.repeat(np.arange(batch_size) * width, counts) + begin - row_first
+        eods = (flat_begin + sizes - 1)[end == starts[documents + 1]]  # segments that hold their document's eod
+        tokens = np.empty((batch_size, width), np.int64)
+        stored = np.ones(tokens.size, bool)
+        stored[eods] = False
+        tokens.reshape(-1)[stored] = joined
+        tokens.reshape(-1)[eods] = self.eod
+        inputs = np.minimum(end, row_first + self.seq_len) - begin  # each segment's tokens among the inputs
+        input_begin = flat_begin - flat_begin // width  # where each segment begins in the [B, T] inputs
+        position_ids = np.arange(batch_size * self.seq_len) - np.repeat(input_begin - (begin - starts[documents]),
+                                                                          inputs)
+        shape = (batch_size, self.seq_len)
+        return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "position_ids": position_ids.reshape(shape),
+                "document_ids": np.repeat(documents, inputs).reshape(shape),
+                "cu_seqlens": np.append(input_begin[inputs > 0], batch_size * self.seq_len).astype(np.int32)}
+
+    def _from_pieces(self, indices):
+        """Return the numpy batch of rows ``indices`` read a slice per piece (NOTE [sequence pieces])."""
         _, lengths = self._stream()
         width = self.seq_len + 1
         rows, documents, begins, ends = self._pieces(indices)
@@ -198,11 +276,8 @@ class TokenSequences:
             document_ids[inside] = owners
             labels = tokens[:, 1:].copy()
             labels[~inside[:, 1:]] = IGNORE_INDEX
-        batch = {"input_ids": tokens[:, :-1], "labels": labels, "position_ids": position_ids[:, :-1],
-                 "document_ids": document_ids[:, :-1]}
-        batch["cu_seqlens"] = cu_seqlens(batch["document_ids"])
-        batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in batch.items()}
-        return {name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch
+        return {"input_ids": tokens[:, :-1], "labels": labels, "position_ids": position_ids[:, :-1],
+                "document_ids": document_ids[:, :-1]}
 
     def derived_fields(self, batch):
         """The batch-wide fields of a batch of sequence rows (a Mixture's, its rows from several sources)."""

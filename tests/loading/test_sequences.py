@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from support import run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
-from fastdata.loading.sequences import IGNORE_INDEX
+from fastdata.loading.sequences import IGNORE_INDEX, cu_seqlens
+from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 
 EOD = "<|endoftext|>"
 
@@ -42,11 +43,12 @@ def _stream(documents, eod):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seq_len=st.integers(1, 700), picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=9))
-def test_each_sequence_is_its_slice_of_the_documents_joined_with_eod(corpus, seq_len, picks):
-    path, _, documents, eod = corpus
+@given(seq_len=st.integers(1, 700), picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=9),
+       sharded=st.booleans())
+def test_each_sequence_is_its_slice_of_the_documents_joined_with_eod(corpus, seq_len, picks, sharded):
+    path, folder, documents, eod = corpus
     stream = _stream(documents, eod)
-    sequences = make_loader(open_dataset(path), 4, seq_len=seq_len, eod=EOD).dataset
+    sequences = make_loader(open_dataset(folder if sharded else path), 4, seq_len=seq_len, eod=EOD).dataset
     assert len(sequences) == -(-(len(stream) - 1) // seq_len)
     indices = np.array([pick % len(sequences) for pick in picks])
     batch = sequences.read_batch(indices)
@@ -118,6 +120,7 @@ def _check_positions(batch, documents, seq_len, indices, stream_length):
     positions = batch["position_ids"].numpy()
     cuts = batch["cu_seqlens"].numpy()
     assert cuts.dtype == np.int32 and cuts[0] == 0 and cuts[-1] == positions.size and (np.diff(cuts) > 0).all()
+    assert cuts.tolist() == cu_seqlens(batch["document_ids"].numpy()).tolist()  # every row and document change
     for row, index in enumerate(indices.tolist()):
         start = index * seq_len
         real = min(seq_len, stream_length - start)
@@ -128,6 +131,57 @@ def _check_positions(batch, documents, seq_len, indices, stream_length):
     flat = positions.reshape(-1)
     for a, b in zip(cuts[:-1], cuts[1:]):  # within a segment, positions count up by one; a segment starts a row
         assert (np.diff(flat[a:b]) == 1).all() and (flat[a] == 0 or a % seq_len == 0)
+
+
+def test_full_concat_rows_are_read_a_slice_each_and_the_others_by_their_pieces(corpus):
+    # NOTE [concat rows]: a row inside one file is one slice; the stream's last row and a row across two shards
+    # are read by their pieces, with the same outputs either way
+    path, folder, _, eod = corpus
+    taken = {"rows": 0, "pieces": 0}
+    for source in (path, folder):
+        sequences = TokenSequences(open_dataset(source), 97, eod)
+        for index in range(len(sequences)):
+            rows = sequences._concat_rows(np.array([index]))
+            if rows is None:
+                taken["pieces"] += 1
+                assert index == len(sequences) - 1 or source == folder
+                continue
+            taken["rows"] += 1
+            pieces = sequences._from_pieces(np.array([index]))
+            assert all(np.array_equal(rows[name], pieces[name]) for name in pieces)
+    shards = open_dataset(folder).num_shards
+    assert shards >= 3 and taken["pieces"] == 2 + (shards - 1)  # each file's last row; a row across each boundary
+    assert taken["rows"] == 2 * len(sequences) - taken["pieces"]
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad"])
+def test_a_corpus_bigger_than_memory_is_read_in_blocks_of_sequences(corpus, monkeypatch, packing):
+    # NOTE [sequence blocks]: shuffle=True picks the block order when the text files do not fit, as for images
+    path, folder, _, eod = corpus
+    dataset = open_dataset(folder)
+    every = [tuple(row) for batch in make_loader(dataset, 5, seq_len=97, eod=eod, packing=packing)
+             for row in batch["input_ids"].tolist()]
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 5, shuffle=True, seed=3, seq_len=97, eod=eod, packing=packing)
+    sequences = loader.dataset
+    assert loader.sampler.shuffle == "block" and sequences.nbytes == dataset.nbytes
+    assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(sequences)
+    assert block_settings(sequences)[0] == round(BLOCK_BYTES / (dataset.nbytes / len(sequences)))
+    read = [tuple(row) for batch in loader for row in batch["input_ids"].tolist()]
+    assert sorted(read) == sorted(every) and read != every  # each sequence once, in another order
+    small = make_loader(dataset, 5, shuffle="block", block_size=4, window=3, seed=3, seq_len=97, eod=eod,
+                        packing=packing)
+    blocks = [tuple(row) for batch in small for row in batch["input_ids"].tolist()]
+    assert sorted(blocks) == sorted(every) and blocks != every
+
+
+def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
+    path, _, _, eod = corpus
+    dataset = open_dataset(path)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    with pytest.warns(UserWarning, match="best_fit.*at random.*'concat' or 'pad' reads rows in blocks"):
+        loader = make_loader(dataset, 5, shuffle=True, seq_len=97, eod=eod, packing="best_fit")
+    assert loader.sampler.shuffle == "uniform"
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
