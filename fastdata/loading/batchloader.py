@@ -334,9 +334,13 @@ class _Cuttable:
 
 
 def _read_group(dataset, steps, batch_size):
-    """Return how many batches of ``steps`` (a Steps) are read as one: see NOTE [grouped reads]."""
-    if (batch_size is None or steps.readahead is not None or not reads_plainly(dataset)
-            or not dataset.copies_in_background):
+    """Return how many batches of ``steps`` (a Steps) are read as one: see NOTE [grouped reads]; a dataset with
+    ``batches_per_read`` says (NOTE [grouped sequences] in sequences.py)."""
+    if batch_size is None or steps.readahead is not None:
+        return 1
+    if hasattr(dataset, "batches_per_read"):
+        return dataset.batches_per_read(batch_size)
+    if not reads_plainly(dataset) or not dataset.copies_in_background:
         return 1
     return max(1, min(MAX_GROUP, GROUP_BYTES // dataset.max_batch_bytes(batch_size)))
 

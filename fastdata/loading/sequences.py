@@ -30,6 +30,8 @@ from fastdata.loading.records import RecordDataset
 from fastdata.reading.packing import best_fit_rows, counted
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
+GROUP_TOKENS = 1 << 17  # tokens of concat rows read as one; see NOTE [grouped sequences]
+GROUP_BATCHES = 16  # batches read as one at most
 PACKINGS = ("concat", "pad", "best_fit")
 
 
@@ -174,31 +176,55 @@ class TokenSequences:
                 "cu_seqlens": batch["cu_seqlens"]}
 
     def read_batch(self, indices, pin_memory=False):
-        """Return the dict batch of sequences ``indices`` (see the class).
+        """Return the dict batch of sequences ``indices`` (see the class)."""
+        return self._batches(checked_indices(np.asarray(indices, np.int64), len(self), self.path), [len(indices)],
+                             pin_memory)[0]
 
-        NOTE [sequence pieces]: a row is a few pieces of documents (whole, or
-        cut at the row's ends) side by side, so the stored ids are read as
-        one slice per piece and every output is filled through one mask of
-        the rows' tokens in order, with no lookup per token. Batches of 8
-        rows of 2048 over 20,000 documents of about 270 tokens (one file,
-        warm, this 2-core VM): read_batch at 8.6M tokens/s with a document
-        found per token (searchsorted) and gathered, 34.4M through the mask,
-        52.9M where every row is full and the outputs are reshaped from the
-        pieces (all of a concat batch but the stream's last row), against
-        60.9M for nanoGPT's get_batch (x and y only, random offsets into a
-        uint16 memmap of the same tokens) in the same run: the per-batch
-        numpy calls, about 40, and the slice per piece are the cost.
+    def start_batches(self, indices, sizes, pin_memory=False):
+        """Read consecutive batches of ``sizes`` sequences of ``indices`` as one; return a function returning them.
+
+        NOTE [grouped sequences]: a batch of 8 x 2048 concat rows costs about
+        25 numpy calls whatever its size, so make_loader reads
+        ``batches_per_read`` batches at once (NOTE [grouped reads] in
+        batchloader.py) and yields row slices of one set of arrays. Measured
+        through make_loader(ds, 8, seq_len=2048, shuffle=True) over the lm
+        benchmark's file (warm, 2 cores, 600 batches, 3 interleaved rounds,
+        /tmp/lmgroup.py), by batches read as one: 1 54-70M tokens/s, 4
+        76-93M, 8 83-98M, 16 75-81M; so GROUP_TOKENS makes 8 of these.
         """
-        indices = checked_indices(np.asarray(indices, np.int64), len(self), self.path)
-        batch = self._concat_rows(indices) if self.packing == "concat" and self.field is None else None
-        if batch is None:
-            batch = self._from_pieces(indices)
-            batch["cu_seqlens"] = cu_seqlens(batch["document_ids"])
-        batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in batch.items()}
-        return {name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch
+        batches = self._batches(checked_indices(np.asarray(indices, np.int64), len(self), self.path), sizes,
+                                pin_memory)
+        return lambda: batches
+
+    def batches_per_read(self, batch_size):
+        """How many batches of ``batch_size`` make_loader reads as one (NOTE [grouped sequences])."""
+        if self.packing != "concat" or self.field is not None:
+            return 1
+        return max(1, min(GROUP_BATCHES, GROUP_TOKENS // max(batch_size * self.seq_len, 1)))
+
+    def _batches(self, indices, sizes, pin_memory):
+        """Return the dict batches of ``sizes`` consecutive rows of ``indices`` (checked), read as one."""
+        rows = self._concat_rows(indices) if self.packing == "concat" and self.field is None else None
+        rows, cuts = rows if rows is not None else (self._from_pieces(indices), None)
+        arrays = {name: np.ascontiguousarray(value) for name, value in rows.items()}
+        batches, first = [], 0
+        for size in sizes:
+            batch = {name: torch.from_numpy(value[first : first + size]) for name, value in arrays.items()}
+            if cuts is None:
+                cu = cu_seqlens(arrays["document_ids"][first : first + size])
+            else:  # the segments that begin among this batch's inputs
+                low, high = np.searchsorted(cuts, [first * self.seq_len, (first + size) * self.seq_len])
+                cu = np.append(cuts[low:high] - first * self.seq_len, size * self.seq_len).astype(np.int32)
+            batch["cu_seqlens"] = torch.from_numpy(cu)
+            batches.append({name: value.pin_memory() for name, value in batch.items()} if pin_memory else batch)
+            first += size
+        return batches
 
     def _concat_rows(self, indices):
-        """Return the numpy batch of concat rows ``indices`` read a slice per row, or None (see NOTE [concat rows]).
+        """Return the concat rows ``indices`` read a slice per row, or None (see NOTE [concat rows]).
+
+        Returns ``(arrays, cuts)``: the ``[N, T]`` numpy outputs, and where each document's segment begins in
+        the flattened inputs (int64, ascending).
 
         NOTE [concat rows]: a file stores its documents back to back, so a
         full concat row (all but the stream's last) is one slice of the
@@ -243,12 +269,25 @@ class TokenSequences:
         position_ids = np.arange(batch_size * self.seq_len) - np.repeat(input_begin - (begin - starts[documents]),
                                                                           inputs)
         shape = (batch_size, self.seq_len)
-        return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "position_ids": position_ids.reshape(shape),
-                "document_ids": np.repeat(documents, inputs).reshape(shape),
-                "cu_seqlens": np.append(input_begin[inputs > 0], batch_size * self.seq_len).astype(np.int32)}
+        return ({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "position_ids": position_ids.reshape(shape),
+                 "document_ids": np.repeat(documents, inputs).reshape(shape)}, input_begin[inputs > 0])
 
     def _from_pieces(self, indices):
-        """Return the numpy batch of rows ``indices`` read a slice per piece (NOTE [sequence pieces])."""
+        """Return the ``[N, T]`` numpy outputs of rows ``indices`` read a slice per piece.
+
+        NOTE [sequence pieces]: a row is a few pieces of documents (whole, or
+        cut at the row's ends) side by side, so the stored ids are read as
+        one slice per piece and every output is filled through one mask of
+        the rows' tokens in order, with no lookup per token. Batches of 8
+        rows of 2048 over 20,000 documents of about 270 tokens (one file,
+        warm, this 2-core VM): read_batch at 8.6M tokens/s with a document
+        found per token (searchsorted) and gathered, 34.4M through the mask,
+        52.9M where every row is full and the outputs are reshaped from the
+        pieces (all of a concat batch but the stream's last row), against
+        60.9M for nanoGPT's get_batch (x and y only, random offsets into a
+        uint16 memmap of the same tokens) in the same run: the per-batch
+        numpy calls, about 40, and the slice per piece are the cost.
+        """
         _, lengths = self._stream()
         width = self.seq_len + 1
         rows, documents, begins, ends = self._pieces(indices)

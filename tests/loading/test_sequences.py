@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from support import run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
-from fastdata.loading.sequences import IGNORE_INDEX, cu_seqlens
+from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX, cu_seqlens
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 
 EOD = "<|endoftext|>"
@@ -147,11 +147,31 @@ def test_full_concat_rows_are_read_a_slice_each_and_the_others_by_their_pieces(c
                 assert index == len(sequences) - 1 or source == folder
                 continue
             taken["rows"] += 1
-            pieces = sequences._from_pieces(np.array([index]))
-            assert all(np.array_equal(rows[name], pieces[name]) for name in pieces)
+            (arrays, cuts), pieces = rows, sequences._from_pieces(np.array([index]))
+            assert all(np.array_equal(arrays[name], pieces[name]) for name in pieces)
+            assert cuts.tolist() == cu_seqlens(pieces["document_ids"])[:-1].tolist()
     shards = open_dataset(folder).num_shards
     assert shards >= 3 and taken["pieces"] == 2 + (shards - 1)  # each file's last row; a row across each boundary
     assert taken["rows"] == 2 * len(sequences) - taken["pieces"]
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_concat_batches_are_read_several_at_a_time_and_equal_those_read_one_by_one(corpus, monkeypatch, sharded):
+    # NOTE [grouped sequences]: groups of GROUP_TOKENS (the group holding the stream's last row read by its pieces)
+    path, folder, _, eod = corpus
+    loader = make_loader(open_dataset(folder if sharded else path), 7, shuffle=True, seed=4, seq_len=97, eod=eod)
+    sequences, reads, start = loader.dataset, [], loader.dataset.start_batches
+    monkeypatch.setattr(sequences, "start_batches", lambda indices, sizes, *args: reads.append(list(sizes)) or start(
+        indices, sizes, *args))
+    group = GROUP_TOKENS // (7 * 97)
+    assert sequences.batches_per_read(7) == min(group, GROUP_BATCHES) > 1
+    orders = list(loader.sampler.batches(0, 0))  # epoch 0's index batches
+    batches = list(loader)
+    assert len(batches) == len(orders) == sum(map(len, reads)) and all(len(sizes) <= group for sizes in reads)
+    assert reads[-1][-1] == len(sequences) % 7 or reads[-1][-1] == 7
+    for batch, indices in zip(batches, orders, strict=True):
+        alone = sequences.read_batch(indices)
+        assert set(batch) == set(alone) and all(torch.equal(batch[name], alone[name]) for name in alone)
 
 
 @pytest.mark.parametrize("packing", ["concat", "pad"])
