@@ -184,13 +184,15 @@ class TokenSequences:
         """Read consecutive batches of ``sizes`` sequences of ``indices`` as one; return a function returning them.
 
         NOTE [grouped sequences]: a batch of 8 x 2048 concat rows costs about
-        25 numpy calls whatever its size, so make_loader reads
+        25 numpy calls whatever its size (pieces: about 40), so make_loader reads
         ``batches_per_read`` batches at once (NOTE [grouped reads] in
         batchloader.py) and yields row slices of one set of arrays. Measured
         through make_loader(ds, 8, seq_len=2048, shuffle=True) over the lm
         benchmark's file (warm, 2 cores, 600 batches, 3 interleaved rounds,
         /tmp/lmgroup.py), by batches read as one: 1 54-70M tokens/s, 4
-        76-93M, 8 83-98M, 16 75-81M; so GROUP_TOKENS makes 8 of these.
+        76-93M, 8 83-98M, 16 75-81M; so GROUP_TOKENS makes 8 of these. The
+        rows read by their pieces gain less (/tmp/lmgroup2.py, 2 rounds):
+        pad 55-59M alone, 63-73M by 8; best_fit 29-38M either way.
         """
         batches = self._batches(checked_indices(np.asarray(indices, np.int64), len(self), self.path), sizes,
                                 pin_memory)
@@ -198,8 +200,6 @@ class TokenSequences:
 
     def batches_per_read(self, batch_size):
         """How many batches of ``batch_size`` make_loader reads as one (NOTE [grouped sequences])."""
-        if self.packing != "concat" or self.field is not None:
-            return 1
         return max(1, min(GROUP_BATCHES, GROUP_TOKENS // max(batch_size * self.seq_len, 1)))
 
     def _batches(self, indices, sizes, pin_memory):

@@ -156,10 +156,12 @@ def test_full_concat_rows_are_read_a_slice_each_and_the_others_by_their_pieces(c
 
 
 @pytest.mark.parametrize("sharded", [False, True])
-def test_concat_batches_are_read_several_at_a_time_and_equal_those_read_one_by_one(corpus, monkeypatch, sharded):
-    # NOTE [grouped sequences]: groups of GROUP_TOKENS (the group holding the stream's last row read by its pieces)
+@pytest.mark.parametrize("packing", ["concat", "pad", "best_fit"])
+def test_batches_are_read_several_at_a_time_and_equal_those_read_one_by_one(corpus, monkeypatch, sharded, packing):
+    # NOTE [grouped sequences]: groups of GROUP_TOKENS (concat: a group holding the stream's last row by its pieces)
     path, folder, _, eod = corpus
-    loader = make_loader(open_dataset(folder if sharded else path), 7, shuffle=True, seed=4, seq_len=97, eod=eod)
+    loader = make_loader(open_dataset(folder if sharded else path), 7, shuffle=True, seed=4, seq_len=97, eod=eod,
+                         packing=packing)
     sequences, reads, start = loader.dataset, [], loader.dataset.start_batches
     monkeypatch.setattr(sequences, "start_batches", lambda indices, sizes, *args: reads.append(list(sizes)) or start(
         indices, sizes, *args))
