@@ -153,9 +153,12 @@ class BatchLoader(Resumable):
         try:
             while chunk := list(itertools.islice(steps, group)):
                 sizes = [len(indices) for _, indices in chunk]
+                options = self._options()
+                if "epoch" in option_names(self.dataset):  # one iteration's steps: one epoch
+                    options = {**options, "epoch": chunk[0][0]}
                 try:
                     started = self.dataset.start_batches(np.concatenate([indices for _, indices in chunk]), sizes,
-                                                         self.pin_memory, **self._options())
+                                                         self.pin_memory, **options)
                 except Exception:  # e.g. an index out of range: read one by one, so the batches before it come first
                     started = None
                 if pending is not None:

@@ -138,6 +138,25 @@ class Mixture:
                 if isinstance(batch, dict) else tuple(tensor.pin_memory() for tensor in batch)
         return batch
 
+    def start_batches(self, indices, sizes, pin_memory=False, epoch=0, **options):
+        """Read consecutive batches of ``sizes`` positions of ``indices`` as one (NOTE [grouped sequences] in
+        sequences.py); return a function returning them, each as ``read_batch`` returns it."""
+        whole = self.read_batch(indices, pin_memory, epoch, **options)
+        rows = len(indices)
+        wide = [key for key, value in whole.items() if isinstance(value, torch.Tensor) and len(value) != rows]
+        batches, first = [], 0
+        for size in sizes:
+            batch = {key: value[first : first + size] for key, value in whole.items() if key not in wide}
+            batches.append({**batch, **self.sources[0].derived_fields(batch)} if wide else batch)
+            first += size
+        return lambda: batches
+
+    def batches_per_read(self, batch_size):
+        """How many batches make_loader reads as one: as the sources say, where every one reads sequences."""
+        if not all(hasattr(source, "batches_per_read") for source in self.sources):
+            return 1
+        return min(source.batches_per_read(batch_size) for source in self.sources)
+
     def max_batch_bytes(self, batch_size, **options):
         """The most bytes of a batch: the largest of the sources' (a batch of one source's rows)."""
         return max(source.max_batch_bytes(batch_size, **options) for source in self.sources)

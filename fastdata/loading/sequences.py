@@ -192,7 +192,10 @@ class TokenSequences:
         /tmp/lmgroup.py), by batches read as one: 1 54-70M tokens/s, 4
         76-93M, 8 83-98M, 16 75-81M; so GROUP_TOKENS makes 8 of these. The
         rows read by their pieces gain less (/tmp/lmgroup2.py, 2 rounds):
-        pad 55-59M alone, 63-73M by 8; best_fit 29-38M either way.
+        pad 55-59M alone, 63-73M by 8; best_fit 29-38M either way. A mix
+        of sequences reads its groups likewise (Mixture.start_batches, told
+        the epoch): the lm benchmark's 1:1 mix 12-13M alone, 26-27M by 8
+        (/tmp/lmmix.py, 3 rounds).
         """
         batches = self._batches(checked_indices(np.asarray(indices, np.int64), len(self), self.path), sizes,
                                 pin_memory)

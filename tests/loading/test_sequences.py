@@ -296,6 +296,24 @@ def test_sequences_of_two_corpora_mix_by_tokens_into_one_batch(corpus):
     assert batch["cu_seqlens"].tolist() == starts
 
 
+def test_a_mix_of_sequences_is_read_several_batches_at_a_time_with_the_same_batches_each_epoch(corpus, monkeypatch):
+    path, folder, _, eod = corpus
+    web, books = TokenSequences(open_dataset(path), 64, eod), TokenSequences(open_dataset(folder), 64, eod, "pad")
+    mixture = mix({"web": web, "books": books}, {"web": 3, "books": 1}, by="tokens", period=8)
+    reads, start = [], mixture.start_batches
+    monkeypatch.setattr(mixture, "start_batches", lambda indices, sizes, *args, **options: reads.append(
+        (list(sizes), options["epoch"])) or start(indices, sizes, *args, **options))
+    loader = make_loader(mixture, 7)
+    assert mixture.batches_per_read(7) == min(web.batches_per_read(7), books.batches_per_read(7)) > 1
+    for epoch in range(2):  # a mixture draws anew each epoch: the group's read is told which
+        orders = list(loader.sampler.batches(epoch, 0))
+        batches = list(loader)
+        assert sum(len(sizes) for sizes, seen in reads if seen == epoch) == len(batches) == len(orders)
+        for batch, indices in zip(batches, orders, strict=True):
+            alone = mixture.read_batch(indices, epoch=epoch)
+            assert set(batch) == set(alone) and all(torch.equal(batch[key], alone[key]) for key in alone)
+
+
 def test_an_end_of_document_token_recorded_at_conversion_is_the_default(corpus, tmp_path):
     path, _, documents, eod = corpus
     src, tokenizer = path.parent / "docs.jsonl", path.parent / "tok.json"
