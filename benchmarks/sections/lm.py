@@ -24,6 +24,7 @@ A "sample" is a sequence of SEQ_LEN tokens; tokens/s = samples/s x SEQ_LEN.
 import json
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from functools import partial
 
@@ -75,7 +76,32 @@ def prepare(workdir, num_docs, seed):
     files["best_fit_rows"] = len(TokenSequences(open_dataset(files["fastdata"]), SEQ_LEN, files["eod"], "best_fit"))
     if installed_version("datasets"):
         files["hf"] = _write_hf(stream, os.path.join(workdir, "hf"))
+        files["hf_convert_seconds"] = _hf_convert(workdir, tokenizer, len(values))
     return files
+
+
+def _hf_convert(workdir, tokenizer, tokens):
+    """Seconds for datasets to tokenize the same JSONL with the same tokenizer: load_dataset, map(batched=True,
+    num_proc=usable CPUs) with encode_batch, save_to_disk; checks it made as many ids as fastdata stored."""
+    import datasets
+
+    from fastdata._cpu import usable_cpus
+
+    datasets.disable_progress_bars()
+    started = time.perf_counter()
+    corpus = datasets.load_dataset("json", data_files=os.path.join(workdir, "docs.jsonl"), split="train",
+                                   cache_dir=os.path.join(workdir, "hf-cache"))
+
+    def encode(batch):
+        return {"input_ids": [encoding.ids for encoding in tokenizer.encode_batch(batch["text"])]}
+
+    encoded = corpus.map(encode, batched=True, num_proc=usable_cpus(), remove_columns=["text"])
+    encoded.save_to_disk(os.path.join(workdir, "hf-tokens"))
+    seconds = time.perf_counter() - started
+    made = sum(len(ids) for ids in datasets.load_from_disk(os.path.join(workdir, "hf-tokens"))["input_ids"])
+    if made != tokens:
+        raise RuntimeError(f"datasets.map made {made} ids, fastdata stored {tokens}: not the same tokenization")
+    return seconds
 
 
 def _write_hf(stream, folder):
@@ -187,12 +213,12 @@ def run(config, fresh):
         row["tokens_per_s"] = row["samples_per_s"] * SEQ_LEN
     result = {"rows": measured, "files": {key: value for key, value in files.items() if key != "eod"},
               "versions": {"datasets": installed_version("datasets"), "tokenizers": installed_version("tokenizers")}}
-    result["targets"] = targets_of(measured)
+    result["targets"] = targets_of(measured, files)
     result["text"] = text(result)
     return result
 
 
-def targets_of(measured):
+def targets_of(measured, files):
     rate = {row["key"]: row["tokens_per_s"] for row in measured}
     ours = rate["concat"]
     targets = [{"name": "lm: fastdata concat sequences over the copy of the same rows (warm)",
@@ -202,6 +228,11 @@ def targets_of(measured):
         if key in rate:
             targets.append({"name": f"lm: fastdata concat sequences over {name}", "value": ours / rate[key],
                             "threshold": VS_PEER, "info": f"{ours / 1e6:,.1f}M vs {rate[key] / 1e6:,.1f}M tokens/s"})
+    if "hf_convert_seconds" in files:
+        ours, theirs = (files["tokens"] / files[key] for key in ("convert_seconds", "hf_convert_seconds"))
+        targets.append({"name": "lm: fastdata convert text tokens/s over datasets.map(batched=True, num_proc)",
+                        "value": ours / theirs, "threshold": VS_PEER,
+                        "info": f"{ours / 1e6:,.2f}M vs {theirs / 1e6:,.2f}M tokens/s"})
     return targets
 
 
@@ -214,4 +245,11 @@ def text(result):
     return "\n".join([f"## Language-model sequences ({files['documents']:,} documents, {files['tokens']:,} tokens "
                       f"with end-of-document ids; batches of {BATCH} x {SEQ_LEN}, warm)", "",
                       f"Converted once in {files['convert_seconds']:.1f} s (fastdata convert text, a word-level "
-                      f"tokenizers file). Versions: {versions}.", "", table])
+                      f"tokenizers file){_hf_converted(files)}. Versions: {versions}.", "", table])
+
+
+def _hf_converted(files):
+    if "hf_convert_seconds" not in files:
+        return ""
+    return (f"; datasets took {files['hf_convert_seconds']:.1f} s for the same tokenizer (load_dataset, "
+            "map(batched=True, num_proc) with encode_batch, save_to_disk)")

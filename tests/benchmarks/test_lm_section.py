@@ -48,3 +48,8 @@ def test_every_reader_is_measured_and_the_targets_are_ratios_of_its_rows(section
     assert by_name["lm: fastdata concat sequences over nanoGPT get_batch"]["value"] == pytest.approx(
         rate["concat"] / rate["nanogpt"])
     assert "M tokens/s" in section["text"] and "best_fit" in section["text"]
+    if "hf" in section["files"]:  # the same JSONL tokenized by datasets.map: the same ids counted, timed
+        files = section["files"]
+        conversion = by_name["lm: fastdata convert text tokens/s over datasets.map(batched=True, num_proc)"]
+        assert conversion["value"] == pytest.approx(files["hf_convert_seconds"] / files["convert_seconds"])
+        assert "datasets took" in section["text"]
