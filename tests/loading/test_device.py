@@ -1,6 +1,7 @@
 """make_loader(device=...): the device pipeline equals the plain path plus the same ops, on CPU and CUDA."""
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -346,6 +347,58 @@ def test_the_pipeline_yields_every_batch_once_in_order(batch, ahead, epoch):
     assert [(indices[0], got) for indices, got, _, _ in recorder.calls] == [(k, epoch) for k in range(5)]
 
 
+class ThreadNoting:
+    """A copier standing in for _CudaCopier on the CPU: clones each batch and notes the thread that copied it."""
+
+    def __init__(self):
+        self.threads = []
+
+    def copy(self, tensors):
+        self.threads.append(threading.current_thread())
+        return [tensor.clone() for tensor in tensors], "copied"
+
+    def wait(self, tensors, event):
+        assert event == "copied"
+        return tensors
+
+
+def hosts_of(count, batch=3, closed=None, fail_at=None):
+    """Yield ``count`` HostBatches of images full of their number; note in ``closed`` that the source was closed."""
+    try:
+        for k in range(count):
+            if k == fail_at:
+                raise RuntimeError(f"no batch {k}")
+            yield HostBatch((torch.full((batch, 3, 2, 2), k, dtype=torch.uint8), torch.arange(batch)),
+                            np.arange(batch) + k, 0)
+    finally:
+        if closed is not None:
+            closed.append(threading.current_thread())
+
+
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_copies_are_issued_on_a_staging_thread_in_order(ahead):
+    # NOTE [copies off the training thread]: the copier (CUDA's, here a stand-in) runs off the consuming thread
+    pipeline = make_pipeline(Unnormalized(), device="cpu", ahead=ahead)
+    pipeline._copier = copier = ThreadNoting()
+    out = list(pipeline.run(hosts_of(6)))
+    assert [int(images[0, 0, 0, 0]) for images, _ in out] == list(range(6))
+    assert len(copier.threads) == 6 and threading.current_thread() not in copier.threads
+    assert not [thread for thread in threading.enumerate() if thread in copier.threads]  # ended and joined
+
+
+def test_a_staged_run_closed_early_closes_its_source_on_this_thread_and_a_source_error_reaches_it():
+    pipeline = make_pipeline(Unnormalized(), device="cpu", ahead=2)
+    pipeline._copier = ThreadNoting()
+    closed = []
+    run = pipeline.run(hosts_of(50, closed=closed))
+    assert [int(next(run)[0][0, 0, 0, 0]) for _ in range(2)] == [0, 1]
+    run.close()
+    assert closed == [threading.current_thread()]
+    assert not [thread for thread in threading.enumerate() if thread.name == "fastdata-read-ahead"]
+    with pytest.raises(RuntimeError, match="no batch 4"):
+        list(pipeline.run(hosts_of(9, fail_at=4)))
+
+
 # ---------------------------------------------------------------- CUDA (skipped without)
 
 
@@ -356,7 +409,9 @@ def test_cuda_batches_arrive_on_the_device_and_equal_the_cpu_path(packed_files, 
     dataset = open_dataset(packed_files("hdf5", "jpeg"))
     options = {"shuffle": "uniform", "seed": 1, "augment": RandomCrop(28, padding=4), "normalize": True,
                "memory_format": torch.channels_last}
-    cpu = [batch for _ in range(2) for batch in make_loader(dataset, 3, device="cpu", **options)]
+    on_cpu = make_loader(dataset, 3, device="cpu", **options)
+    cpu = [batch for _ in range(2) for batch in on_cpu]  # one loader: epochs 0 and 1 (the first H200 run compared
+    # a fresh loader's epoch 0 twice with the CUDA loader's epochs 0 and 1, and failed on the second)
     loader = make_loader(dataset, 3, device="cuda", pin_memory=pin_memory, num_workers=num_workers, **options)
     cuda = [batch for _ in range(2) for batch in loader]  # all held: pinned slots are reused many times meanwhile
     torch.cuda.synchronize()
@@ -375,7 +430,8 @@ def test_cuda_batches_without_transforms_equal_the_host_batches(packed_files, pi
     # the copy path alone (pinned reads or staging slots, the side stream), apart from the transforms: on the first
     # H200 run the test above failed for every parameter (values differed), and this tells the copy from the kernels
     dataset = open_dataset(packed_files("hdf5", "jpeg"))
-    host = [batch for _ in range(2) for batch in make_loader(dataset, 3, shuffle="uniform", seed=1)]
+    plain = make_loader(dataset, 3, shuffle="uniform", seed=1)
+    host = [batch for _ in range(2) for batch in plain]  # one loader: epochs 0 and 1
     loader = make_loader(dataset, 3, shuffle="uniform", seed=1, device="cuda", pin_memory=pin_memory,
                          num_workers=num_workers)
     moved = [batch for _ in range(2) for batch in loader]
@@ -384,6 +440,19 @@ def test_cuda_batches_without_transforms_equal_the_host_batches(packed_files, pi
         assert torch.equal(theirs.cpu(), images) and torch.equal(their_labels.cpu(), labels)
     if num_workers:
         loader.close()
+
+
+@CUDA
+def test_cuda_batches_read_by_a_helper_process_equal_the_host_batches(packed_files):
+    # a helper's batches arrive unpinned, in its shared slots: staged into pinned slots on the staging thread
+    dataset = open_dataset(packed_files("hdf5", "raw"))
+    plain = make_loader(dataset, 3, shuffle="uniform", seed=1)
+    host = [batch for _ in range(2) for batch in plain]  # one loader: epochs 0 and 1
+    with make_loader(dataset, 3, shuffle="uniform", seed=1, device="cuda", helper_process=True) as loader:
+        moved = [batch for _ in range(2) for batch in loader]
+    torch.cuda.synchronize()
+    for (images, labels), (theirs, their_labels) in zip(host, moved, strict=True):
+        assert torch.equal(theirs.cpu(), images) and torch.equal(their_labels.cpu(), labels)
 
 
 @CUDA
