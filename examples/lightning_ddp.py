@@ -68,6 +68,9 @@ def main():
     if trainer.is_global_zero:
         print(f"trained {trainer.global_step} steps: {len(loader)} batches of {args.batch_size} per process "
               f"per epoch, {len(dataset)} samples")
+    if torch.distributed.is_initialized():  # Lightning leaves the process group up: end it on every rank together
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -269,12 +269,18 @@ class ShardCache(CacheFolder):
                         f"{self._sizes[name]:,} bytes and {self.index.checksums[shard]}: the remote copy is "
                         "damaged; convert again or restore it"
                     )
-            os.rename(partial, self.path(shard))
+            # Shared-locked across the rename until recorded: a shard without its record sorts oldest, and
+            # another thread making room evicted one in between (FileNotFoundError in _record, once in a run)
+            held = open_locked(partial, fcntl.LOCK_SH)
+            try:
+                os.rename(partial, self.path(shard))
+                self._record(shard)
+            finally:
+                close_locked(held)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)
             raise
-        self._record(shard)
         if self._synced:
             sync_folder(self.folder)
         return True

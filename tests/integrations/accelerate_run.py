@@ -38,4 +38,5 @@ for epoch in range(step // len(loader), spec["epochs"]):
         if step == spec["checkpoint_step"]:
             accelerator.save_state(os.path.join(spec["out"], "checkpoint"))
 samples.write(spec, accelerator.process_index)
+accelerator.wait_for_everyone()  # no rank closes the group while another's last collective is in flight
 accelerator.end_training()
