@@ -201,16 +201,11 @@ class PackedDataset(BatchReads, Dataset):
         try:
             parts = self._store.parts(unique)
             try:
-                firsts = np.empty(len(unique), np.int64)  # each document's first value in its file
-                values = [None] * len(unique)
-                for columns, rows, start, stop in zip(parts.columns, _split(parts.indices, parts.bounds),
-                                                      parts.bounds, parts.bounds[1:]):
-                    firsts[start:stop] = np.asarray(columns.offsets)[rows]
-                    values[start:stop] = [np.asarray(columns.samples)] * (stop - start)
+                part_of, firsts, values = _token_columns(parts, len(unique))
                 bases = firsts[inverse] + starts
                 for piece, (owner, base, stop) in enumerate(zip(inverse.tolist(), bases.tolist(),
                                                                 (firsts[inverse] + stops).tolist())):
-                    pieces[piece] = values[owner][base:stop]
+                    pieces[piece] = values[part_of[owner]][base:stop]
                 joined = np.concatenate(pieces) if pieces else np.empty(0, np.int64)
             finally:
                 parts.release()
@@ -233,12 +228,7 @@ class PackedDataset(BatchReads, Dataset):
         try:
             parts = self._store.parts(unique)
             try:
-                part_of, firsts, values = np.empty(len(unique), np.int64), np.empty(len(unique), np.int64), []
-                for part, (columns, rows, start, stop) in enumerate(zip(
-                        parts.columns, _split(parts.indices, parts.bounds), parts.bounds, parts.bounds[1:])):
-                    part_of[start:stop] = part
-                    firsts[start:stop] = np.asarray(columns.offsets)[rows]
-                    values.append(np.asarray(columns.samples))
+                part_of, firsts, values = _token_columns(parts, len(unique))
                 first, last = inverse[:spans], inverse[spans:]
                 if (part_of[first] != part_of[last]).any():
                     return None
@@ -411,6 +401,18 @@ class ArrowDataset(PackedDataset):
 
     format = "arrow"
     _read = staticmethod(read_arrow)
+
+
+def _token_columns(parts, count):
+    """Return ``(part_of, firsts, values)`` of ``count`` documents read as ``parts``: each one's part, its first
+    id's offset in that part's file, and each part's ids (a text file's flat samples)."""
+    part_of, firsts, values = np.empty(count, np.int64), np.empty(count, np.int64), []
+    for part, (columns, rows, start, stop) in enumerate(zip(parts.columns, _split(parts.indices, parts.bounds),
+                                                            parts.bounds, parts.bounds[1:])):
+        part_of[start:stop] = part
+        firsts[start:stop] = np.asarray(columns.offsets)[rows]
+        values.append(np.asarray(columns.samples))
+    return part_of, firsts, values
 
 
 def _split(indices, bounds):
