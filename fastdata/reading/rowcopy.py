@@ -139,7 +139,10 @@ class Helper:
             self._go.acquire()
             with self._lock:
                 copy, self._copy = self._copy, None  # not kept: it holds the batch's buffer (NOTE [buffer reuse])
-            copy.copy()
+            # None: a post that came between the wake-up and the lock was taken with the copy before it, yet
+            # released the go a second time (a plain pytest run saw the thread die of it).
+            if copy is not None:
+                copy.copy()
             del copy
 
 

@@ -94,6 +94,22 @@ def test_a_helper_that_never_runs_leaves_its_piece_to_the_caller(tmp_path):
         blocker.release.set()
 
 
+def test_a_helper_woken_with_nothing_posted_waits_for_the_next_copy():
+    # The state a post leaves when it comes between the helper's wake-up and its lock: the go released, no copy.
+    (helper,) = RowCopier()._helpers(1)
+    blocker = Blocking()
+    helper._go.release()
+    deadline = time.monotonic() + 5
+    while not helper._go.locked() and time.monotonic() < deadline:  # it woke up
+        time.sleep(0.001)
+    time.sleep(0.05)  # and found nothing
+    helper.post(Copy([[(blocker, np.arange(1), np.empty(1))]]))
+    try:
+        assert blocker.started.wait(5)  # the helper lived through the empty wake-up and took the copy
+    finally:
+        blocker.release.set()
+
+
 def test_a_helper_holds_no_batch_once_its_pieces_are_copied(tmp_path):
     jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size), [300, 300])
     copier = RowCopier()
