@@ -317,7 +317,9 @@ class ShardStore(ShardChecks, ShardColumns):
             self._checked_at[shard] = time.monotonic()
             self._held.add(shard)
             while len(self._held) > self.max_open_shards:  # an argmin over the open shards, not all of them
-                held = np.fromiter(self._held, np.int64, len(self._held))
+                # never the shard just opened: with a bound under a batch's shards, all of them tie, and the
+                # set's order had closed the one being read while an earlier one stayed open
+                held = np.fromiter(self._held - {shard}, np.int64, len(self._held) - 1)
                 self._close(int(held[np.argmin(self._used[held])]))
         return columns
 

@@ -204,6 +204,16 @@ def test_open_shards_stay_within_the_bound(shard_split, shard_single, fmt, kind,
     assert max(len(found) for found in open_shard_files(root)) <= bound
 
 
+def test_a_batch_over_more_shards_than_the_bound_leaves_its_last_shard_open(shard_split, shard_single, tmp_path):
+    # Shards 5 and 18 tie as this batch's; a set lists 18 first, and the store once closed it, the one being read.
+    single = open_dataset(shard_single("arrow", "raw"))
+    root = shard_split(shard_single("arrow", "raw"), tmp_path / "tiny", (1,))  # 24 one-sample shards
+    ds = open_dataset(root, max_open_shards=1)
+    assert_same_batch(ds.read_batch(np.array([5, 18])), single.read_batch(np.array([5, 18])))
+    fds, maps = open_shard_files(root)
+    assert {os.path.basename(path) for path in fds | maps} == {"shard-00018.arrow"}
+
+
 def test_threads_sharing_a_small_cache_read_the_right_rows(shard_split, shard_single, tmp_path):
     # As make_loader's read-ahead thread and the training loop's ds[i] share one dataset.
     from concurrent.futures import ThreadPoolExecutor
@@ -317,6 +327,7 @@ def test_a_shard_replaced_while_closed_is_refused_when_reopened(shard_folders, s
         ds[8]
 
 
+@pytest.mark.integration
 def test_a_shard_truncated_while_open_is_refused_at_the_next_read(shard_folders, shard_copy, fmt):
     # its read lease broke (NOTE [read leases]): no wait for the fingerprint's RECHECK_SECONDS
     root = shard_copy(shard_folders(fmt, "raw"))
