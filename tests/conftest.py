@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -49,6 +50,61 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if COMPONENT_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+
+
+# The edit loop starts no server, process group or process of the test's own (COMPONENTS): a test not marked
+# integration that does fails, naming what it started. Processes that fastdata or benchmarks/ start for
+# their own work (a `git rev-parse` of a benchmark record, a benchmark's fresh process) are theirs, not the
+# test's, and pass; so do worker pools and forked loaders.
+COMPONENTS = {"checked": False}
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+OWN_CODE = tuple(os.path.join(os.path.dirname(TESTS_DIR), name) + os.sep for name in ("fastdata", "benchmarks"))
+
+
+def _started_by_the_test():
+    """Whether the innermost caller outside the standard library is test code (not fastdata, a benchmark, a library)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(TESTS_DIR + os.sep):
+            return True
+        if name.startswith(OWN_CODE) or "site-packages" in name:
+            return False
+        frame = frame.f_back
+    return False
+
+
+def _refuse(started):
+    raise RuntimeError(f"this test starts {started} but is not marked integration: mark it "
+                       "@pytest.mark.integration (plain pytest, the edit loop, leaves such tests to CI)")
+
+
+def _refuse_components(event, args):
+    if not COMPONENTS["checked"]:
+        return
+    if event == "subprocess.Popen" and _started_by_the_test():
+        command = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        _refuse(f"a process ({' '.join(map(str, command))[:120]})")
+    elif event == "socket.bind" and isinstance(args[1], tuple):  # a TCP server (not a forkserver's unix socket)
+        _refuse(f"a server on {args[1]}")
+
+
+sys.addaudithook(_refuse_components)
+
+
+@pytest.fixture(autouse=True)
+def components_only_in_integration(request, monkeypatch):
+    if request.node.get_closest_marker("integration") is not None:
+        yield
+        return
+    if "torch.distributed" in sys.modules:  # a process group: gloo binds in C++, out of the audit hook's sight
+        monkeypatch.setattr(sys.modules["torch.distributed"], "init_process_group",
+                            lambda *args, **kwargs: _refuse("a process group"))
+    COMPONENTS["checked"] = True
+    try:
+        yield
+    finally:
+        COMPONENTS["checked"] = False
 
 
 @pytest.fixture(autouse=True)

@@ -201,6 +201,21 @@ def mapped_at(address):
     return None, None
 
 
+def raises_in_workers(loader, error, match):
+    """Iterate a torch DataLoader with workers until it raises ``error`` matching ``match``; then end its workers.
+
+    The iterator is held in a reference cycle of the reraised error; left to the garbage collector, its queues
+    may go first, and its workers then wait out 5 s each (MP_STATUS_CHECK_INTERVAL) in whichever later test
+    the collector runs (two tests stalled 10 s in the edit loop).
+    """
+    batches = iter(loader)
+    try:
+        with pytest.raises(error, match=match):
+            list(batches)
+    finally:
+        batches._shutdown_workers()
+
+
 def private_copy(path, tmp_path, name="copy"):
     """Copy a session file into ``tmp_path`` (same extension) for a test that damages or replaces it."""
     import shutil

@@ -323,6 +323,7 @@ def test_convert_commands_share_their_common_options():
 # ---------------------------------------------------------------- entry points
 
 
+@pytest.mark.integration
 def test_python_dash_m_fastdata_help():
     done = subprocess.run([sys.executable, "-m", "fastdata", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

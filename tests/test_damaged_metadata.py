@@ -75,6 +75,7 @@ def test_the_intact_folder_reads(folder):
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
+@pytest.mark.slow
 def test_any_damaged_index_is_named_never_a_bare_error(folder, data):
     # Before: 81 of 297 hand-picked cases raised KeyError, TypeError, AttributeError or ValueError from deep inside.
     root, index = folder

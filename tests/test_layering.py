@@ -50,6 +50,7 @@ for module in sys.argv[2:]:
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+@pytest.mark.integration
 def test_each_layer_imports_only_the_layers_below(layer):
     """Import the layer's modules one by one in a fresh interpreter; none may load a banned module.
 
@@ -110,6 +111,7 @@ def test_no_import_cycles():
         visit(module)
 
 
+@pytest.mark.integration
 def test_importing_fastdata_loads_nothing_heavy():
     loaded = loaded_modules("fastdata")
     assert not [name for name in ("torch", "h5py", "pyarrow", "PIL", "numpy") if name in loaded]

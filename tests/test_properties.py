@@ -1,6 +1,7 @@
 """Property-based tests (hypothesis): any image size, aspect ratio and mode comes out at the stored shape."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image, features
@@ -47,6 +48,7 @@ def test_resize_gives_the_target_shape_for_any_size(size, target, mode):
     check_uniform_result(out, spec)
 
 
+@pytest.mark.slow
 def test_resize_crops_every_size_up_to_1200_pixels_wide():
     # The sweep that found 6.9% of widths failing at 32, 5.7% at 64 and 2.1% at 224.
     for side in (32, 64, 224):

@@ -55,6 +55,7 @@ def test_every_error_is_also_the_matching_builtin():
     assert issubclass(errors.MissingDependencyError, ImportError)
 
 
+@pytest.mark.integration
 def test_import_fastdata_loads_no_torch():
     code = "import sys, fastdata; fastdata.__all__; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

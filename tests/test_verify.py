@@ -289,6 +289,7 @@ def test_cli_verify_of_a_missing_file_is_one_error_line(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_verify_never_imports_torch_or_the_loading_layer():
     code = "import json, sys, fastdata.verify; print(json.dumps(sorted(sys.modules)))"
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)

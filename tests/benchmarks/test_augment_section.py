@@ -24,6 +24,7 @@ def section(tmp_path_factory):
         return augment.run(config, fresh)
 
 
+@pytest.mark.slow
 def test_every_recipe_has_every_row_measured(section):
     expected = [(name, kind, threads) for name, _, _ in augment.QUICK_RECIPES for kind, threads in augment.kinds()]
     assert [(row["recipe"], row["kind"], row["threads"]) for row in section["rows"]] == expected
@@ -43,6 +44,7 @@ def test_targets_are_finite_ratios_and_the_text_holds_the_table(section):
 
 
 @pytest.mark.parametrize("recipe", augment.RECIPES[:2], ids=lambda recipe: recipe[0])
+@pytest.mark.slow
 def test_the_per_sample_and_batched_rows_do_the_same_work(recipe):
     # On a constant image every crop, resize and flip gives the same pixels: both rows must give its normalized value
     name, stored, size = recipe

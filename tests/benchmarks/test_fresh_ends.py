@@ -24,6 +24,7 @@ def raise_stop(signum, frame):
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.3, 1.0])  # the zygote starting, importing, then its row running
+@pytest.mark.slow
 def test_a_run_stopped_while_a_row_runs_ends_the_zygote_and_the_row_at_once(delay):
     signal.signal(signal.SIGTERM, raise_stop)  # the autouse restore_sigterm fixture puts the runner's back
     before, seen = set(descendants()), set()

@@ -106,6 +106,7 @@ print([name for name, spec in specs.items() if spec and os.path.dirname(script) 
 """
 
 
+@pytest.mark.integration
 def test_run_as_a_script_leaves_no_benchmark_module_importable_by_a_bare_name():
     names = sorted({path.stem for path in (REPO / "benchmarks").rglob("*.py")} - {"__init__"})
     assert {"run", "images", "text"} <= set(names)
@@ -116,6 +117,7 @@ def test_run_as_a_script_leaves_no_benchmark_module_importable_by_a_bare_name():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@pytest.mark.integration
 def test_benchmark_suite_quick_run(tmp_path):
     # every section, quick: 547 s alone on 2 cores (2026-11-26), past 600 s in a CI run beside other work
     out = tmp_path / "out"

@@ -448,6 +448,7 @@ def locked_root(source_copy):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.integration
 def test_unreadable_nested_folder_is_reported_as_skipped(locked_root, tmp_path, workers):
     locked = locked_root / "class_0" / "locked"
     result = convert_in_child(locked_root, tmp_path / "out.h5", unprivileged=True, probe=locked, workers=workers)
@@ -459,6 +460,7 @@ def test_unreadable_nested_folder_is_reported_as_skipped(locked_root, tmp_path, 
     assert "1 skipped" in result["text"] and "skipped 'class_0/locked': folder cannot be read" in result["text"]
 
 
+@pytest.mark.integration
 def test_unreadable_nested_folder_raises_with_on_error_raise(locked_root, tmp_path):
     locked = locked_root / "class_0" / "locked"
     result = convert_in_child(locked_root, tmp_path / "out.h5", unprivileged=True, probe=locked, on_error="raise")
@@ -467,6 +469,7 @@ def test_unreadable_nested_folder_raises_with_on_error_raise(locked_root, tmp_pa
     assert os.listdir(tmp_path) == ["photos"]
 
 
+@pytest.mark.integration
 def test_unreadable_class_folder_raises_naming_it(source_copy, tmp_path):
     folder = source_copy / "class_2"
     folder.chmod(0)
@@ -481,6 +484,7 @@ def test_unreadable_class_folder_raises_naming_it(source_copy, tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 @pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.integration
 def test_fifo_named_like_an_image_is_skipped_not_waited_on(source_copy, tmp_path, workers):
     os.mkfifo(source_copy / "class_1" / "pipe.jpg")
     result = convert_in_child(source_copy, tmp_path / "out.arrow", timeout=60, workers=workers)
@@ -543,6 +547,7 @@ def test_images_of_any_size_convert_with_none_skipped(random_sizes_root, tmp_pat
 # ---------------------------------------------------------------- determinism
 
 
+@pytest.mark.slow
 def test_output_is_byte_identical_for_any_number_of_workers(tmp_path):
     # 300 inputs, so that worker processes get chunks of several images each.
     root = tmp_path / "many"
@@ -856,6 +861,7 @@ KILLER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_killed_worker_raises_and_leaves_nothing(source_root, tmp_path):
     script = tmp_path / "kill_one_worker.py"
     script.write_text(KILLER_SCRIPT)

@@ -66,6 +66,7 @@ def raise_stop(signum, frame):
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 @pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("delay", [0.0, 0.001, 0.005, 0.02, 0.1, 0.3])
+@pytest.mark.integration
 def test_a_run_asked_to_stop_as_its_pool_starts_ends_at_once_with_no_worker_left(monkeypatch, method, run, delay):
     # forkserver: as from a process with other threads; its stop once raised "cannot join thread before it is started"
     monkeypatch.setattr(parallel, "_start_method", lambda: method)

@@ -40,6 +40,7 @@ def whole(tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 def test_the_folder_is_the_same_bytes_on_a_dask_cluster(tmp_path, whole):
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:
@@ -93,6 +94,7 @@ _KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_a_killed_conversion_resumes_keeping_its_finished_shards(tmp_path, whole):
     out = tmp_path / "killed"
     process = subprocess.Popen([sys.executable, "-c", _KILLED, str(out), os.path.dirname(__file__)])

@@ -114,6 +114,7 @@ def test_resume_of_a_finished_folder_with_other_settings_is_refused(source_root,
     assert not (out / "shard-00002.h5").exists()  # nothing redone under other settings
 
 
+@pytest.mark.integration
 def test_a_resume_in_its_own_process_redoes_a_missing_shard(source_root, image_copy, sharded_cli_options):
     out, reference = image_copy
     os.remove(out / "shard-00003.h5")

@@ -91,6 +91,7 @@ def test_shard_options_with_one_file_are_refused(source_root, tmp_path):
 
 @pytest.mark.parametrize("storage", ["raw", "jpeg"])
 @pytest.mark.parametrize("container", ["hdf5", "arrow"])
+@pytest.mark.slow
 def test_shard_folder_is_the_same_bytes_with_two_workers(source_root, tmp_path, sharded_reference, sharded_options,
                                                          container, storage):
     out = tmp_path / "out"
@@ -118,6 +119,7 @@ def test_a_relative_source_converts_on_workers_that_run_in_another_folder(source
     assert folder_bytes(tmp_path / "out") == folder_bytes(sharded_reference())
 
 
+@pytest.mark.integration
 def test_shard_folder_is_the_same_bytes_on_a_dask_cluster(source_root, tmp_path, sharded_reference, sharded_options):
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:
@@ -129,6 +131,7 @@ def test_shard_folder_is_the_same_bytes_on_a_dask_cluster(source_root, tmp_path,
 
 
 @pytest.mark.slow  # ~10 s: a cluster and a CLI process start
+@pytest.mark.integration
 def test_cli_converts_on_a_dask_scheduler(source_root, tmp_path, sharded_reference, sharded_cli_options):
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=":0") as cluster:

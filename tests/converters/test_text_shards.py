@@ -91,6 +91,7 @@ def test_shards_hold_the_single_files_samples_and_the_index_its_metadata(textsha
 
 @settings(max_examples=25, deadline=None)
 @given(shard_size=st.one_of(st.integers(1, 600), st.integers(600, 15000), st.just(64 << 20)))
+@pytest.mark.slow
 def test_shard_boundaries_follow_the_shard_size(packed_text, text_corpus, shard_size):
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "shards")
@@ -355,6 +356,7 @@ def wait_for_staged_shards(out, count, folders=1, seconds=120):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.integration
 def test_interrupted_conversion_leaves_no_folder_and_the_next_run_cleans_up(text_corpus, tmp_path, signum):
     out = tmp_path / "out" / "shards"
     out.parent.mkdir()

@@ -243,6 +243,7 @@ _PAIRS = {"image": Field("image", size=(24, 20), storage="jpeg"), "name": "str",
 
 
 @pytest.mark.parametrize("ext", ["h5", "arrow"])
+@pytest.mark.integration
 def test_the_file_is_the_same_bytes_for_any_number_of_workers_and_on_dask(tmp_path, image_files, ext, monkeypatch):
     inputs = image_files * 70  # 560 records: three tasks of records on workers
     monkeypatch.setattr("fastdata.converters.records._INFERRED_FROM", 8)

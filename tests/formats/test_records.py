@@ -78,6 +78,7 @@ def _assert_item_equal(field, got, expected):
 @pytest.mark.parametrize("ext", ["h5", "arrow"])
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(drawn=_records(), order=st.randoms(use_true_random=False))
+@pytest.mark.slow
 def test_every_field_type_round_trips(tmp_path, ext, drawn, order):
     schema, records = drawn
     path = tmp_path / f"records.{ext}"

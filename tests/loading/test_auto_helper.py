@@ -128,6 +128,7 @@ def test_helper_process_is_true_false_or_auto(packed_files):
         make_loader(open_dataset(packed_files("hdf5", "raw")), 2, helper_process="yes")
 
 
+@pytest.mark.slow
 def test_a_loop_that_stops_computing_gets_its_batches_read_here_again(packed_files, monkeypatch):
     monkeypatch.setattr(batchloader, "MAX_GROUP", 2)
     dataset = open_dataset(packed_files("hdf5", "raw"))

@@ -143,6 +143,7 @@ def test_a_helper_killed_mid_epoch_is_an_error_and_the_next_epoch_starts_a_new_o
         assert loader.helper._process.pid != pid
 
 
+@pytest.mark.integration
 def test_a_file_truncated_under_the_helper_is_a_format_error(packed_files, tmp_path):
     path = tmp_path / "copy.h5"
     shutil.copy(packed_files("hdf5", "raw"), path)

@@ -247,6 +247,7 @@ def test_worker_memory_stays_flat(worker_run):
 
 
 @pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
+@pytest.mark.slow
 def test_memory_probe_sees_a_growing_worker(big_files, start_method):
     # Control for the test above: the same probe does report growth when a worker keeps data.
     loader = make_loader(
@@ -261,6 +262,7 @@ def test_memory_probe_sees_a_growing_worker(big_files, start_method):
         assert max(anon, dirty) > 8 * MB
 
 
+@pytest.mark.slow
 def test_memory_probe_sees_copy_on_write_in_forked_workers(big_files):
     # Control: Python objects per sample, made before the fork, are copied page by
     # page as workers touch them. RssAnon cannot see that; Private_Dirty does.
@@ -442,6 +444,7 @@ def test_busy_loop_hands_reading_to_a_thread_in_order(small):
     assert not any(t.name == "fastdata-read-ahead" for t in threading.enumerate())
 
 
+@pytest.mark.slow
 def test_busy_loop_with_set_epoch_matches_inline_reading(small):
     # see NOTE [next epoch's first batch]: a first batch read early is dropped when the epoch changes
     loader = make_loader(small, 3, shuffle=True, seed=5)
@@ -491,6 +494,7 @@ def spin(seconds):
 
 
 @pytest.mark.parametrize("step, leaves_a_core", [(time.sleep, False), (spin, True)])
+@pytest.mark.slow
 def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monkeypatch, step, leaves_a_core):
     # see NOTE [leave a core]: a loop waiting (as for a GPU) gets no core kept for it
     monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
@@ -503,6 +507,7 @@ def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monke
     assert later_epochs and set(later_epochs) == ({3} if leaves_a_core else {None})
 
 
+@pytest.mark.slow
 def test_threads_given_are_what_every_batch_is_read_with(packed_files, monkeypatch):
     monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
     dataset = ThreadsRecordingDataset(packed_files("hdf5", "jpeg"))
@@ -821,6 +826,7 @@ def test_make_loader_pads_for_ranks_and_validates_them(small):
         make_loader(small, 5, shuffle="random")
 
 
+@pytest.mark.integration
 def test_make_loader_takes_rank_and_world_size_from_an_initialized_process_group(small, tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -894,6 +900,7 @@ def test_bucket_padding_of_a_rank_compares_its_own_samples():
         assert report["saved"] == pytest.approx(alone["saved"], abs=0.05)
 
 
+@pytest.mark.slow
 def test_max_cpu_caps_the_threads_of_every_way_of_reading(packed_files, monkeypatch):
     # 4 usable cores, max_cpu=0.5: 2 cores for loading, whether the loop waits or computes, here or in the helper
     monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
@@ -912,6 +919,7 @@ def test_max_cpu_caps_the_threads_of_every_way_of_reading(packed_files, monkeypa
         assert loader.helper.options["threads"] == 1  # at least one core
 
 
+@pytest.mark.slow
 def test_max_cpu_shares_one_core_with_a_loop_that_computes(packed_files, monkeypatch):
     monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
     monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)

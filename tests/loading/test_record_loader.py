@@ -211,6 +211,7 @@ def test_device_feeding_moves_a_dict_batch_and_normalizes_its_image_field(record
         make_loader(open_dataset(path, fields=["caption"]), 8, device="cpu", normalize=(mean, std))
 
 
+@pytest.mark.slow
 def test_tune_times_a_record_file_and_bench_refuses_it_by_name(record_file, tmp_path):
     from fastdata.loading.recommendation import tune_json_path
     from fastdata.measure.bench import benchmark

@@ -29,6 +29,7 @@ def _records(count, seed=0):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(count=st.integers(1, 120), shard_size=st.integers(1, 6000), order=st.randoms(use_true_random=False),
        container=st.sampled_from(["hdf5", "arrow"]))
+@pytest.mark.slow
 def test_a_folder_reads_every_record_as_one_file_of_them_does(tmp_path, count, shard_size, order, container):
     records = _records(count)
     folder, single = tmp_path / f"folder-{container}", tmp_path / "single.h5"

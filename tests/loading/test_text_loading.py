@@ -203,6 +203,7 @@ class ProbeText(ProbeMixin, HDF5Dataset):
 
 
 @pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
+@pytest.mark.slow
 def test_text_worker_memory_stays_flat(tmp_path, start_method):
     corpus = make_text_corpus(tmp_path / "corpus", per_class=1500)
     path = tmp_path / "reviews.h5"

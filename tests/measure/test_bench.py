@@ -177,6 +177,7 @@ def test_bench_file_on_text_has_no_limit_row(texts):
 # ---------------------------------------------------------------- fastdata bench
 
 
+@pytest.mark.slow
 def test_cli_bench_image_folder_writes_json_and_plot(small_photos, tmp_path):
     pytest.importorskip("matplotlib")
     root, _ = small_photos
@@ -193,6 +194,7 @@ def test_cli_bench_image_folder_writes_json_and_plot(small_photos, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_bench_text_folder(texts):
     result = run_cli("bench", texts[0], "--quick", "--workers", "0", "--batch-size", "4", "--quiet")
     assert result.exit_code == 0, result.output

@@ -65,6 +65,7 @@ def test_folder_usage_allocated_leaves_out_the_holes_of_sparse_files(tmp_path):
     assert size == 64 << 20 and allocated < 1 << 20
 
 
+@pytest.mark.integration
 def test_tree_rss_reads_the_process_and_its_descendants():
     import subprocess
 
@@ -78,6 +79,7 @@ def test_tree_rss_reads_the_process_and_its_descendants():
     assert tree_rss(process.pid) == (None, [])
 
 
+@pytest.mark.slow
 def test_run_watched_sees_the_partial_file_at_its_peak(tmp_path):
     folder = tmp_path / "out"
     watched = run_watched([sys.executable, "-c", PARTIAL_THEN_FINAL, str(folder)], str(folder), timeout=60)

@@ -82,6 +82,7 @@ print(sequential_read([sys.argv[1]])[0])
 
 
 @no_cgroup
+@pytest.mark.slow
 def test_a_reader_in_a_cgroup_keeps_at_most_its_limit_of_the_file_cached(tmp_path):
     path = write_file(tmp_path / "big.bin", 256 * MB)
     with MemoryCgroup(96 * MB, name=f"fastdata-test-{os.getpid()}") as group:

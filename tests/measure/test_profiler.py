@@ -236,6 +236,7 @@ def test_cuda_sync_is_a_no_op_without_cuda():
 # ---------------------------------------------------------------- torch.profiler and a real loader
 
 
+@pytest.mark.slow
 def test_waits_show_in_a_torch_profiler_trace():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as trace:
         run_loop(fastdata.profile(SleepyLoader(3, wait=0.0)), body=0.0)

@@ -139,6 +139,7 @@ def test_the_object_lies_in_the_central_square_in_its_colour_family(tmp_path):
         assert inside.mean() > 0.7, relpath
 
 
+@pytest.mark.slow
 def test_mean_colour_alone_does_not_give_the_class(tmp_path):
     """A linear model of each image's mean RGB (least squares on one-hot labels) stays far from learning it."""
     features = {}

@@ -275,6 +275,7 @@ def test_auto_on_a_dataset_without_a_path_reads_in_process(private):
 # ---------------------------------------------------------------- fastdata tune
 
 
+@pytest.mark.slow
 def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
     result = run_cli("tune", private, "--budget", "3s", "--max-workers", "1")
     assert result.exit_code == 0, result.output
@@ -286,6 +287,7 @@ def test_cli_tune_prints_trials_and_saves_beside_the_file(private):
     assert saved["elapsed_seconds"] > 0 and read_recommendation(private) == saved["recommended"]
 
 
+@pytest.mark.slow
 def test_cli_tune_of_a_shard_folder_saves_beside_it_and_auto_reads_it(shard_converted, tmp_path):
     folder = tmp_path / "shards"
     shutil.copytree(shard_converted("hdf5", "raw"), folder)

@@ -87,6 +87,7 @@ def test_epochs_and_seeds_give_different_orders_and_the_same_ones_again():
 
 @slow_examples
 @given(settings_=orders.filter(lambda s: s["shuffle"] == "block"), epoch=st.integers(0, 100))
+@pytest.mark.slow
 def test_a_window_reads_whole_blocks_and_holds_the_samples_of_its_positions(settings_, epoch):
     order = EpochOrder(**settings_)
     sequence = order.samples(epoch, np.arange(order.num_samples))

@@ -38,6 +38,7 @@ def test_block_settings_make_blocks_of_about_block_bytes(packed_files, packed_te
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux")
 @pytest.mark.skipif(not os.access(CGROUP_V1, os.W_OK), reason="needs a writable cgroup v1 memory hierarchy (root)")
+@pytest.mark.integration
 def test_available_memory_is_bounded_by_the_cgroup_limit(tmp_path):
     group = os.path.join(CGROUP_V1, f"fastdata-test-{os.getpid()}")
     os.mkdir(group)

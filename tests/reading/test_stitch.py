@@ -55,6 +55,7 @@ def test_a_batch_spanning_the_shards_of_a_converted_folder_is_one_stitched_take(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
+@pytest.mark.slow
 def test_stitched_batches_equal_the_per_item_path(raw_folder, data):
     dataset = open_dataset(raw_folder, max_open_shards=data.draw(st.integers(1, 8)))
     for _ in range(3):  # batches after shards were closed and reopened (their slots unmapped and mapped again)
@@ -174,6 +175,7 @@ def test_workers_read_stitched_batches_equal_to_the_main_process(raw_folder, met
         assert torch.equal(a, b) and torch.equal(a_labels, b_labels)
 
 
+@pytest.mark.integration
 def test_reading_an_unmapped_slot_faults_instead_of_returning_another_shard(raw_folder):
     code = textwrap.dedent(f"""
         import numpy as np

@@ -63,6 +63,7 @@ def block_order(dataset, batch, block_size, window, seed=0):
 @given(size=st.sampled_from([32, 40]), batch=st.integers(1, 40), block_size=st.integers(1, 40),
        window=st.integers(1, 8), epoch=st.integers(0, 3), seed=st.integers(0, 2**16))
 @example(size=40, batch=16, block_size=30, window=4, epoch=1, seed=7)  # rows on the view's rows every 8 rows
+@pytest.mark.slow
 def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_come_from_them(
         folders, size, batch, block_size, window, epoch, seed):
     dataset = open_dataset(folders[size])
