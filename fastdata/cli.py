@@ -1,9 +1,7 @@
 """Command line: `fastdata convert | info | bench | tune` (thin wrappers over the library)."""
 
 import functools
-import json
 import os
-import re
 import signal
 import sys
 import traceback
@@ -14,12 +12,13 @@ import click
 # them loads the converters (h5py, pyarrow, Pillow): `fastdata --help` starts
 # in ~0.7 s instead of ~0.1 s (python -X importtime, 2 cores); every other
 # command loads most of them anyway.
+from fastdata.cliparse import ByteSize, parse_counts, parse_duration, parse_part, parse_size, parse_storage_options
 from fastdata.codecs.images import RESAMPLE_FILTERS, RESIZE_MODES
 from fastdata.converters.imagefolder import STORAGE_MODES
 from fastdata.converters.report import ON_ERROR
 from fastdata.converters.staging import check_output
 from fastdata.converters.textsources import SOURCE_FORMATS
-from fastdata.errors import FastdataError, NotFoundError, OptionError
+from fastdata.errors import FastdataError, NotFoundError
 from fastdata.formats.records import IMAGE_MODES, IMAGE_STORAGES
 from fastdata.formats.shards import CONTAINER_EXTENSIONS
 
@@ -60,24 +59,6 @@ _storage_option = click.option(
          "Credentials default to fsspec's own (environment variables, config files).")
 
 
-class _ByteSize(click.ParamType):
-    """A number of bytes: plain (65536), or with a unit, decimal (64MB, 1GB) or binary (256MiB)."""
-
-    name = "size"
-    _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-              "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-    _PATTERN = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-z]*)\s*", re.IGNORECASE)
-
-    def convert(self, value, param, ctx):
-        match = self._PATTERN.fullmatch(str(value))
-        unit = match and self._UNITS.get(match[2].lower())
-        size = int(float(match[1]) * unit) if unit else 0
-        if size < 1:
-            self.fail(f"should be a positive number of bytes: plain, or with a unit (64MB, 256MiB, 1GB), "
-                      f"got {value!r}", param, ctx)
-        return size
-
-
 @click.group()
 @click.version_option(package_name="fastdata")
 def main():
@@ -106,7 +87,7 @@ def convert():
 @_conversion_options("Decoding", "an image that cannot be decoded")
 @click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
               help="Shard folder OUT: container of the shard files [default: hdf5].")
-@click.option("--shard-size", type=_ByteSize(), default=None,
+@click.option("--shard-size", type=ByteSize(), default=None,
               help="Shard folder OUT: bytes per shard file: 64MB, 256MiB, 1GB or plain bytes [default: 64MiB].")
 @click.option("--resume", is_flag=True,
               help="Shard folder OUT: finish an interrupted conversion, keeping its intact shards; on a finished OUT, "
@@ -134,10 +115,10 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
     client = dask_client(dask_address) if dask_address else None
     try:
         report = convert_imagefolder(
-            src, out, size=_parse_size(size), resize=resize, resample=resample, storage=storage, quality=quality,
+            src, out, size=parse_size(size), resize=resize, resample=resample, storage=storage, quality=quality,
             workers=workers, on_error=on_error, overwrite=overwrite, progress=not quiet, format=container,
             shard_size=shard_size, resume=resume, executor=client,
-            part=_parse_part(part), storage_options=_parse_storage_options(storage_options),
+            part=parse_part(part), storage_options=parse_storage_options(storage_options),
         )
     finally:
         if client is not None:
@@ -177,7 +158,7 @@ def convert_imagefolder_command(src, out, size, resize, resample, storage, quali
               help="Folder SRC: also store the unsup folder, unlabeled (label -1).")
 @click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
               help="Shard folder OUT: container of the shard files [default: hdf5].")
-@click.option("--shard-size", type=_ByteSize(), default=None,
+@click.option("--shard-size", type=ByteSize(), default=None,
               help="Shard folder OUT: bytes per shard file: 64MB, 256MiB, 1GB or plain bytes [default: 64MiB].")
 @click.option("--resume", is_flag=True,
               help="Shard folder OUT: keep a finished OUT of these settings if intact, convert it again if a file "
@@ -203,7 +184,7 @@ def convert_text_command(src, out, tokenizer, vocab, min_freq, max_vocab, max_le
         lowercase=lowercase, strip_html=strip_html, source_format=source_format, text_field=text_field,
         label_field=None if no_labels else label_field, include_unsup=unsup, workers=workers, on_error=on_error,
         overwrite=overwrite, progress=not quiet, format=container, shard_size=shard_size, resume=resume,
-        storage_options=_parse_storage_options(storage_options), eod=int(eod) if eod and eod.isdigit() else eod,
+        storage_options=parse_storage_options(storage_options), eod=int(eod) if eod and eod.isdigit() else eod,
     )
     if resume and not report.finished and not report.redone:
         click.echo("note: --resume: a text conversion starts again from the first text (its vocabulary needs "
@@ -225,7 +206,7 @@ def _image_field_options(command):
                      help="Images stored in colour (RGB, the default) or grey (L: one channel)."),
         click.option("--format", "container", type=click.Choice(CONTAINERS), default=None,
                      help="A shard folder OUT's container [default: hdf5]; a file's is its extension's."),
-        click.option("--shard-size", type=_ByteSize(), default=None,
+        click.option("--shard-size", type=ByteSize(), default=None,
                      help="A shard folder OUT's bytes per shard (64MB, 256MiB...) [default: 64 MiB]."),
         click.option("--resume", is_flag=True,
                      help="A shard folder OUT: finish an interrupted conversion, keeping its intact shards; on a "
@@ -240,8 +221,8 @@ def _image_field_options(command):
 
 def _write_records(convert, *args, size, workers, quiet, container, part, storage_options, **options):
     """Run a record source's ``convert`` with the CLI's options and print its report."""
-    report = convert(*args, size=_parse_size(size), workers=workers or 1, progress=not quiet, format=container,
-                     part=_parse_part(part), storage_options=_parse_storage_options(storage_options), **options)
+    report = convert(*args, size=parse_size(size), workers=workers or 1, progress=not quiet, format=container,
+                     part=parse_part(part), storage_options=parse_storage_options(storage_options), **options)
     click.echo(str(report))
 
 
@@ -355,7 +336,7 @@ def bench_command(target, batch_size, workers, repeats, seconds, size, json_out,
     if plot_out:
         require("matplotlib", "plot", "fastdata bench --plot")
     results = benchmark(
-        target, batch_size=batch_size, workers=_parse_counts("--workers", workers), size=size, progress=not quiet,
+        target, batch_size=batch_size, workers=parse_counts("--workers", workers), size=size, progress=not quiet,
         repeats=repeats or (1 if quick else 3), min_seconds=(0.05 if quick else 0.25) if seconds is None else seconds,
     )
     click.echo(format_results(results))
@@ -390,72 +371,10 @@ def tune_command(path, budget, json_out, max_workers, batch_size, overwrite):
 
     out = json_out or tune_json_path(path)
     check_output(out, overwrite)
-    result = tune_loader(path, budget=_parse_duration("--budget", budget), max_workers=max_workers,
+    result = tune_loader(path, budget=parse_duration("--budget", budget), max_workers=max_workers,
                          batch_size=batch_size, on_trial=lambda trial: click.echo(format_trial(trial)))
     click.echo(str(result))
     click.echo(f"wrote {write_tune_json(result, out)}")
-
-
-def _parse_counts(name, text):
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 0:
-        raise OptionError(f"{name} should be non-negative integers separated by commas, e.g. 0,2; got {text!r}")
-    return counts
-
-
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(s|sec|m|min|h)?\s*", re.IGNORECASE)
-_SECONDS_PER = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
-
-
-def _parse_duration(name, text):
-    match = _DURATION.fullmatch(text)
-    seconds = float(match[1]) * _SECONDS_PER[match[2] and match[2].lower()] if match else 0
-    if not seconds > 0:
-        raise OptionError(f"{name} should be a positive duration: seconds (60, 60s) or minutes (2m), got {text!r}")
-    return seconds
-
-
-def _parse_part(text):
-    """Return ``"I/N"`` as ``(I, N)``; None for None."""
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not match or not int(match[1]) < int(match[2]):
-        raise OptionError(f"--part should be I/N with 0 <= I < N (e.g. 0/4 for the first of 4 parts), got {text!r}")
-    return int(match[1]), int(match[2])
-
-
-_TEXT_OPTIONS = ("key", "secret", "token", "password", "username", "profile")  # kept as given, even "0123"
-
-
-def _parse_storage_options(pairs):
-    """Return ``("KEY=VALUE", ...)`` as a dict, each VALUE read as JSON where it is (true, 3, {...}); None if empty."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise OptionError(f"--storage-option should be KEY=VALUE (e.g. endpoint_url=http://host:9000), "
-                              f"got {pair!r}")
-        try:
-            options[key] = value if key in _TEXT_OPTIONS else json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options or None
-
-
-def _parse_size(text):
-    parts = text.lower().split("x")
-    try:
-        sizes = [int(part) for part in parts]
-    except ValueError:
-        sizes = []
-    if len(sizes) not in (1, 2) or min(sizes) < 1:
-        raise OptionError(f"--size should be N or HxW with positive integers, got {text!r}")
-    return sizes[0] if len(sizes) == 1 else tuple(sizes)
 
 
 @main.command("index")
@@ -476,7 +395,7 @@ def index_command(root, storage_options):
     def folder_metadata(plan, records):
         return (record_folder_metadata if plan.get("kind") == RECORDS_KIND else shard_folder_metadata)(plan, records)
 
-    remote = remote_output(root, _parse_storage_options(storage_options), folder=True)
+    remote = remote_output(root, parse_storage_options(storage_options), folder=True)
     if remote is None and not os.path.isdir(root):
         raise NotFoundError(f"{root!r} is not a folder; give the shard folder the parts wrote")
     metadata = index_shards(root if remote is None else remote.worker_root(), folder_metadata, remote=remote)

@@ -236,7 +236,7 @@ def make_loader(
     options = _read_options(dataset, pad_to, threads)
     pipeline = make_pipeline(dataset, device=device, augment=augment, normalize=normalize, dtype=dtype,
                              memory_format=memory_format, seed=seed, ahead=prefetch_factor)
-    if pin_memory is None:  # see NOTE [pinned reads] in device.py
+    if pin_memory is None:  # see NOTE [pinned reads] in cudacopy.py
         pin_memory = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
                      "world_size": world_size, "block_size": block_size, "window": window}

@@ -14,7 +14,8 @@ from fastdata.codecs.images import decode_jpeg_resized_crop, jpeg_size
 from fastdata.errors import OptionError
 from fastdata.formats import read_packed
 from fastdata.loading.augment import CenterCrop, Compose, Normalize, RandomCrop, RandomResizedCrop
-from fastdata.loading.device import HostBatch, StagingSlots, make_pipeline
+from fastdata.loading.cudacopy import StagingSlots
+from fastdata.loading.device import HostBatch, make_pipeline
 from fastdata.loading.samplers import BatchIndexSampler
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -348,7 +349,7 @@ def test_the_pipeline_yields_every_batch_once_in_order(batch, ahead, epoch):
 
 
 class ThreadNoting:
-    """A copier standing in for _CudaCopier on the CPU: clones each batch and notes the thread that copied it."""
+    """A copier standing in for CudaCopier on the CPU: clones each batch and notes the thread that copied it."""
 
     def __init__(self):
         self.threads = []
