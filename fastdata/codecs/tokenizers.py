@@ -316,6 +316,22 @@ class Tokenizer:
         ids = self._hf.encode(self.normalize(text), add_special_tokens=self.add_special_tokens).ids
         return np.array(ids[:limit], dtype=self.dtype)
 
+    def encode_stored_batch(self, texts, *, truncate=True):
+        """Return ``[encode_stored(text) for text in texts]``; a Hugging Face tokenizer encodes them in one call.
+
+        NOTE [batched tokenizing]: ``encode`` builds each text's offsets and
+        token strings, which fastdata never stores; ``encode_batch_fast``
+        (tokenizers 0.21 on) leaves them out and gives the same ids. One
+        thread, 8,000 synthetic reviews (289 ids each, a WordLevel tokenizer):
+        1.40 s against 2.31-2.59 s text by text (/tmp/lmp/single.py).
+        """
+        if self.kind != "hf":
+            return [self.encode_stored(text, truncate=truncate) for text in texts]
+        limit = self.max_length if truncate else None
+        encode = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)  # older tokenizers: with offsets
+        encodings = encode([self.normalize(text) for text in texts], add_special_tokens=self.add_special_tokens)
+        return [np.array(encoding.ids[:limit], dtype=self.dtype) for encoding in encodings]
+
     def encode_batch(self, texts, *, pad_to=None):
         """Encode ``texts`` and pad them as a loader would.
 

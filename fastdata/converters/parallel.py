@@ -9,6 +9,7 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 
 from tqdm.auto import tqdm
 
@@ -19,11 +20,13 @@ from fastdata.converters.staging import SignalWatch
 from fastdata.errors import FastdataError, OptionError
 
 
-def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None):
+def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None, batched=False):
     """Yield ``fn(item)`` for each of ``items``, in order, computed on ``workers`` processes.
 
     The result does not depend on ``workers``. ``fn`` must be a picklable
-    top-level function. A worker that dies raises FastdataError.
+    top-level function; with ``batched`` it takes a list of items and returns
+    the list of their results (one call per chunk). A worker that dies raises
+    FastdataError.
     """
     workers = usable_cpus() if workers is None else workers
     if workers < 1:
@@ -35,11 +38,13 @@ def ordered_map(fn, items, *, workers=None, progress=True, unit="it", desc=None)
     try:
         with bar:
             if pool is None:
-                for item in items:
-                    yield fn(item)
-                    bar.update()
+                size = _chunk_size(items, workers) if batched else 1
+                for start in range(0, len(items), size):
+                    chunk = items[start : start + size]
+                    yield from fn(chunk) if batched else map(fn, chunk)
+                    bar.update(len(chunk))
                 return
-            for chunk in _pooled_chunks(pool, fn, items, workers):
+            for chunk in _pooled_chunks(pool, fn if batched else partial(_map_chunk, fn), items, workers):
                 yield from chunk
                 bar.update(len(chunk))
         finished = True
@@ -225,13 +230,18 @@ def stop_pool(pool):
         process.join()
 
 
+def _chunk_size(items, workers):
+    return max(1, min(64, len(items) // (workers * 8)))
+
+
 def _pooled_chunks(pool, fn, items, workers):
-    chunk_size = max(1, min(64, len(items) // (workers * 8)))
+    """Yield ``fn(chunk)`` (a list of results) for each chunk of ``items``, in order, computed on ``pool``."""
+    chunk_size = _chunk_size(items, workers)
     chunks = (items[i : i + chunk_size] for i in range(0, len(items), chunk_size))
     pending = deque()
     try:
         for chunk in chunks:
-            pending.append(pool.submit(_map_chunk, fn, chunk))
+            pending.append(pool.submit(fn, chunk))
             if len(pending) >= 4 * workers:
                 yield _result(pending.popleft())
         while pending:
@@ -278,6 +288,9 @@ def _map_chunk(fn, chunk):
 
 def _init_worker(parent, owner):
     end_on_sigterm()  # a SIGTERM ends a worker, whatever its parent's handler (NOTE [forked SIGTERM])
+    # The workers are the parallelism: a Hugging Face tokenizer in one runs on its thread alone, not on a pool of
+    # threads per worker (40,000 documents on 2 workers: 6.0-6.7 s against 6.9-7.0 s with its threads).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Ctrl-C is handled once, in the parent, which stops the pool and cleans up.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)

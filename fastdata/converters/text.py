@@ -259,6 +259,25 @@ def _tokenize_input(payload, spec_path, read_file, build):
     return result, count < total, None
 
 
+def _tokenize_inputs(payloads, spec_path, read_file, build):
+    """Return ``_tokenize_input`` of each of ``payloads``: texts for a Hugging Face tokenizer encoded in one call
+    (NOTE [batched tokenizing] in codecs/tokenizers.py), or one by one where one of them fails, to name it."""
+    tokenizer = _load_tokenizer(spec_path)
+    if build or read_file or tokenizer.kind != "hf":
+        return [_tokenize_input(payload, spec_path, read_file, build) for payload in payloads]
+    try:
+        encoded = tokenizer.encode_stored_batch(payloads, truncate=False)
+    except Exception:  # a text the tokenizer refuses: each on its own, so that the report names that one
+        return [_tokenize_input(payload, spec_path, read_file, build) for payload in payloads]
+    return [_kept_ids(ids, tokenizer.max_length) for ids in encoded]
+
+
+def _kept_ids(ids, limit):
+    """Return ``_tokenize_input``'s result for a text's ``ids``: cut to ``limit``, or refused when empty."""
+    count = len(ids) if limit is None else min(limit, len(ids))
+    return (ids[:count], count < len(ids), None) if count else (None, False, "no tokens (empty text)")
+
+
 def _tokenize_text(tokenizer, text, build):
     """Return ``(result, stored count, count before max_length)``."""
     limit = tokenizer.max_length
@@ -277,10 +296,10 @@ def _tokenize_text(tokenizer, text, build):
 def _tokenize_all(inputs, sink, spec_path, build, workers, on_error, progress):
     """Tokenize inputs into ``sink``; return ``(kept, skipped, bool truncated [kept], provisional words)``."""
     todo = [payload for index, payload in enumerate(inputs.payloads) if index not in inputs.reasons]
-    tokenize = partial(_tokenize_input, spec_path=spec_path, read_file=inputs.format == "folder", build=build)
+    tokenize = partial(_tokenize_inputs, spec_path=spec_path, read_file=inputs.format == "folder", build=build)
     words = {}  # word -> provisional id, numbered in input order
     kept, skipped, truncated = [], [], bytearray()  # one byte per kept sample
-    with closing(ordered_map(tokenize, todo, workers=workers, progress=progress, unit="doc")) as results:
+    with closing(ordered_map(tokenize, todo, workers=workers, progress=progress, unit="doc", batched=True)) as results:
         for index, name in enumerate(inputs.names):
             result, cut, reason = (None, False, inputs.reasons[index]) if index in inputs.reasons else next(results)
             if reason is not None:

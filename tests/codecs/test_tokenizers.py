@@ -6,6 +6,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import train_hf_tokenizer
 
 from fastdata import MissingDependencyError, Tokenizer
@@ -129,6 +131,24 @@ def test_hf_tokenizer_file_encodes_like_the_library(tmp_path):
     assert not tokenizer.lowercase and not tokenizer.strip_html
     again = pickle.loads(pickle.dumps(tokenizer))
     assert again == tokenizer and again.encode(TEXTS[1]).tolist() == tokenizer.encode(TEXTS[1]).tolist()
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(max_size=60), max_size=12), model=st.sampled_from(["wordlevel", "bpe"]),
+       max_length=st.sampled_from([None, 1, 4]), kind=st.sampled_from(["hf", "words", "bytes"]))
+def test_a_batch_encodes_as_each_text_does(tmp_path_factory, texts, model, max_length, kind):
+    # hf: encode_batch_fast (no offsets) against encode; any text, empty ones and line breaks included
+    if kind == "hf":
+        path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+        tokenizer = Tokenizer.from_hf_file(train_hf_tokenizer(TEXTS * 3, path, model), max_length=max_length)
+    else:
+        tokenizer = Tokenizer.build(TEXTS, max_length=max_length) if kind == "words" else Tokenizer("bytes")
+    for truncate in (True, False):
+        batch = tokenizer.encode_stored_batch(texts, truncate=truncate)
+        assert len(batch) == len(texts)
+        for ids, text in zip(batch, texts):
+            expected = tokenizer.encode_stored(text, truncate=truncate)
+            assert ids.dtype == expected.dtype and ids.tolist() == expected.tolist(), text
 
 
 def test_hf_tokenizer_file_that_is_not_one(tmp_path):

@@ -114,6 +114,38 @@ def test_hf_tokenizer_file(tmp_path, text_fmt):
     assert metadata["tokenizer"]["hf_json"] == path.read_text(encoding="utf-8")
 
 
+def test_an_hf_tokenizer_gives_the_same_bytes_on_any_number_of_workers(tmp_path):
+    # texts encoded a chunk at a time (NOTE [batched tokenizing]): an empty one skipped, long ones cut, in order
+    path = train_hf_tokenizer(TEXTS, tmp_path / "tokenizer.json", model="bpe")
+    texts = TEXTS * 9 + ["", TEXTS[0]]
+    src = write_text_file(tmp_path / "reviews.jsonl", texts)
+    one, two = (convert_text(src, tmp_path / f"{workers}.h5", tokenizer=path, max_length=40, workers=workers,
+                             label_field=None, progress=False) for workers in (1, 2))
+    assert (tmp_path / "1.h5").read_bytes() == (tmp_path / "2.h5").read_bytes()
+    assert one.skipped == two.skipped == [("reviews.jsonl:145", "no tokens (empty text)")]
+    assert_round_trip(one.path, [text for text in texts if text], Tokenizer.from_hf_file(path, max_length=40))
+
+
+def test_a_text_the_tokenizer_refuses_is_skipped_by_name_and_its_chunk_kept(tmp_path, monkeypatch):
+    path = train_hf_tokenizer(TEXTS, tmp_path / "tokenizer.json")
+    refused = TEXTS[3]
+    encode_stored = Tokenizer.encode_stored
+
+    def refusing(tokenizer, text, **options):
+        if text == refused:
+            raise ValueError("refused")
+        return encode_stored(tokenizer, text, **options)
+
+    monkeypatch.setattr(Tokenizer, "encode_stored", refusing)
+    monkeypatch.setattr(Tokenizer, "encode_stored_batch",
+                        lambda tokenizer, texts, **options: [refusing(tokenizer, text, **options) for text in texts])
+    src = write_text_file(tmp_path / "reviews.jsonl", TEXTS)
+    report = convert(src, tmp_path / "out.h5", tokenizer=path, label_field=None)
+    assert report.skipped == [("reviews.jsonl:4", "cannot tokenize: ValueError: refused")]
+    monkeypatch.undo()
+    assert_round_trip(report.path, TEXTS[:3] + TEXTS[4:], Tokenizer.from_hf_file(path))
+
+
 def test_vocab_file_and_unknown_words(tmp_path):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("the\na\nfilm\n", encoding="utf-8")
