@@ -19,11 +19,16 @@ SEQ_LEN + 1 (``group_texts``). Every row reads batches of BATCH sequences
   uint16 array, in shuffled order.
 
 A "sample" is a sequence of SEQ_LEN tokens; tokens/s = samples/s x SEQ_LEN.
+The targets compare concat with the others timed in turn in one process,
+PAIRED_ROUNDS rounds (NOTE [interleaved rates] in fastdata/measure/engine.py):
+rows measured in separate processes a minute apart put nanoGPT at 44.1M and
+71.1M tokens/s in two runs.
 """
 
 import json
 import os
 import shutil
+import statistics
 import time
 from contextlib import contextmanager
 from functools import partial
@@ -42,10 +47,17 @@ BATCH = 8
 EOD = "<|endoftext|>"
 VS_COPY = 0.8  # fastdata concat over the copy of the same rows (the issue's bar, warm)
 VS_PEER = 1.0  # fastdata concat over each peer
+CONVERT_ROUNDS = 3  # the conversion and datasets' timed in turn (--quick 1)
+PAIRED_ROUNDS = 7  # rounds of the interleaved passes behind the read targets (--quick 2)
+PAIRED = ("concat", "nanogpt", "copy", "hf")  # the rows the read targets compare, timed in turn
 
 
-def prepare(workdir, num_docs, seed):
-    """Write, tokenize and convert the corpus; write the peers' forms of the same ids. Return the files."""
+def prepare(workdir, num_docs, seed, rounds=1):
+    """Write, tokenize and convert the corpus; write the peers' forms of the same ids. Return the files.
+
+    The conversion and datasets' are timed in turn, ``rounds`` times each (``convert_seconds`` and
+    ``hf_convert_seconds`` are lists): one of each put datasets at 15.1 s and 21.3 s in two runs.
+    """
     import tokenizers
 
     from fastdata import convert_text
@@ -63,20 +75,25 @@ def prepare(workdir, num_docs, seed):
     tokenizer.train_from_iterator(texts, tokenizers.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", EOD]))
     tokenizer.save(os.path.join(workdir, "tokenizer.json"))
     files = {"fastdata": os.path.join(workdir, "docs.h5"), "eod": tokenizer.token_to_id(EOD)}
-    report = convert_text(os.path.join(workdir, "docs.jsonl"), files["fastdata"],
-                          tokenizer=os.path.join(workdir, "tokenizer.json"), label_field=None, progress=False)
+    convert_seconds, hf_seconds = [], []
+    for _ in range(rounds):
+        report = convert_text(os.path.join(workdir, "docs.jsonl"), files["fastdata"], overwrite=True,
+                              tokenizer=os.path.join(workdir, "tokenizer.json"), label_field=None, progress=False)
+        convert_seconds.append(report.seconds)
+        if installed_version("datasets"):
+            hf_seconds.append(_hf_convert(workdir, tokenizer, len(read_packed(files["fastdata"])[0].samples)))
     columns, _ = read_packed(files["fastdata"])
     values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets)
     stream = np.insert(values, offsets[1:], files["eod"]).astype(np.uint16)  # each document, then its eod
     files["bin"] = os.path.join(workdir, "train.bin")
     stream.tofile(files["bin"])
-    files.update(tokens=len(stream), documents=report.num_samples, convert_seconds=report.seconds)
+    files.update(tokens=len(stream), documents=report.num_samples, convert_seconds=convert_seconds)
     from fastdata import TokenSequences, open_dataset
 
     files["best_fit_rows"] = len(TokenSequences(open_dataset(files["fastdata"]), SEQ_LEN, files["eod"], "best_fit"))
     if installed_version("datasets"):
         files["hf"] = _write_hf(stream, os.path.join(workdir, "hf"))
-        files["hf_convert_seconds"] = _hf_convert(workdir, tokenizer, len(values))
+        files["hf_convert_seconds"] = hf_seconds
     return files
 
 
@@ -88,6 +105,8 @@ def _hf_convert(workdir, tokenizer, tokens):
     from fastdata._cpu import usable_cpus
 
     datasets.disable_progress_bars()
+    for made in ("hf-cache", "hf-tokens"):  # an earlier round's: load_dataset would read its cache
+        shutil.rmtree(os.path.join(workdir, made), ignore_errors=True)
     started = time.perf_counter()
     corpus = datasets.load_dataset("json", data_files=os.path.join(workdir, "docs.jsonl"), split="train",
                                    cache_dir=os.path.join(workdir, "hf-cache"))
@@ -203,36 +222,57 @@ def run(config, fresh):
     """Run the LM section; return its rows, targets and text."""
     workdir = os.path.join(config["workdir"], "lm")
     num_docs = config["text_docs"] if config.get("quick") else LM_DOCS
-    files = fresh.run(prepare, workdir, num_docs, config["seed"])
+    files = fresh.run(prepare, workdir, num_docs, config["seed"], 1 if config.get("quick") else CONVERT_ROUNDS)
     sequences = -(-(files["tokens"] - 1) // SEQ_LEN)
     setup = {key: config[key] for key in ("repeats", "min_seconds", "seed")}
     setup.update(files=files, folder=workdir, sequences=sequences, hf_blocks=files["tokens"] // (SEQ_LEN + 1),
                  batch_size=BATCH)
-    measured = [fresh.run_median(config["process_repeats"], measure, row, setup) for row in rows(files)]
+    found = rows(files)
+    measured = [fresh.run_median(config["process_repeats"], measure, row, setup) for row in found]
     for row in measured:
         row["tokens_per_s"] = row["samples_per_s"] * SEQ_LEN
+    paired = [row for row in found if row.key in PAIRED]
+    rounds = 2 if config.get("quick") else PAIRED_ROUNDS
     result = {"rows": measured, "files": {key: value for key, value in files.items() if key != "eod"},
-              "versions": {"datasets": installed_version("datasets"), "tokenizers": installed_version("tokenizers")}}
-    result["targets"] = targets_of(measured, files)
+              "versions": {"datasets": installed_version("datasets"), "tokenizers": installed_version("tokenizers")},
+              "paired": fresh.run(measure_paired, paired, setup, rounds)}
+    result["targets"] = targets_of(result["paired"], files)
     result["text"] = text(result)
     return result
 
 
-def targets_of(measured, files):
-    rate = {row["key"]: row["tokens_per_s"] for row in measured}
-    ours = rate["concat"]
-    targets = [{"name": "lm: fastdata concat sequences over the copy of the same rows (warm)",
-                "value": ours / rate["copy"], "threshold": VS_COPY,
-                "info": f"{ours / 1e6:,.1f}M vs {rate['copy'] / 1e6:,.1f}M tokens/s"}]
-    for key, name in (("nanogpt", "nanoGPT get_batch"), ("hf", "Hugging Face group_texts")):
-        if key in rate:
-            targets.append({"name": f"lm: fastdata concat sequences over {name}", "value": ours / rate[key],
-                            "threshold": VS_PEER, "info": f"{ours / 1e6:,.1f}M vs {rate[key] / 1e6:,.1f}M tokens/s"})
+def measure_paired(paired, setup, rounds):
+    """Time the ``paired`` rows in turn in this process, ``rounds`` times; return key -> tokens/s per round."""
+    from contextlib import ExitStack
+
+    from fastdata.measure.engine import interleaved_rates
+
+    offline_env(setup["folder"])
+    with ExitStack() as stack:
+        runs = {row.key: stack.enter_context(row.build(setup, **row.options)) for row in paired}
+        rates = interleaved_rates(runs, rounds, setup["min_seconds"])  # sequences/s
+    return {key: [rate * SEQ_LEN for rate in per_round] for key, per_round in rates.items()}
+
+
+def targets_of(paired, files):
+    """The read targets: medians of the per-round ratios of concat over each paired row; the conversion's ratio."""
+    ours, rounds = paired["concat"], len(paired["concat"])
+    names = {"copy": ("the copy of the same rows (warm)", VS_COPY), "nanogpt": ("nanoGPT get_batch", VS_PEER),
+             "hf": ("Hugging Face group_texts", VS_PEER)}
+    targets = []
+    for key, (name, bar) in names.items():
+        if key in paired:
+            ratios = [a / b for a, b in zip(ours, paired[key])]
+            targets.append({"name": f"lm: fastdata concat sequences over {name}", "value": statistics.median(ratios),
+                            "threshold": bar, "info": f"median of {rounds} interleaved rounds; medians "
+                            f"{statistics.median(ours) / 1e6:,.1f}M vs {statistics.median(paired[key]) / 1e6:,.1f}M "
+                            "tokens/s"})
     if "hf_convert_seconds" in files:
-        ours, theirs = (files["tokens"] / files[key] for key in ("convert_seconds", "hf_convert_seconds"))
+        ours, theirs = (statistics.median(files[key]) for key in ("convert_seconds", "hf_convert_seconds"))
+        ratios = [b / a for a, b in zip(files["convert_seconds"], files["hf_convert_seconds"])]
         targets.append({"name": "lm: fastdata convert text tokens/s over datasets.map(batched=True, num_proc)",
-                        "value": ours / theirs, "threshold": VS_PEER,
-                        "info": f"{ours / 1e6:,.2f}M vs {theirs / 1e6:,.2f}M tokens/s"})
+                        "value": statistics.median(ratios), "threshold": VS_PEER,
+                        "info": f"median of {len(ratios)} rounds in turn; medians {ours:.1f} vs {theirs:.1f} s"})
     return targets
 
 
@@ -244,12 +284,16 @@ def text(result):
     versions = ", ".join(f"{name} {version or 'not installed'}" for name, version in result["versions"].items())
     return "\n".join([f"## Language-model sequences ({files['documents']:,} documents, {files['tokens']:,} tokens "
                       f"with end-of-document ids; batches of {BATCH} x {SEQ_LEN}, warm)", "",
-                      f"Converted once in {files['convert_seconds']:.1f} s (fastdata convert text, a word-level "
+                      f"Converted in {_seconds(files['convert_seconds'])} (fastdata convert text, a word-level "
                       f"tokenizers file){_hf_converted(files)}. Versions: {versions}.", "", table])
 
 
 def _hf_converted(files):
     if "hf_convert_seconds" not in files:
         return ""
-    return (f"; datasets took {files['hf_convert_seconds']:.1f} s for the same tokenizer (load_dataset, "
+    return (f"; datasets took {_seconds(files['hf_convert_seconds'])} for the same tokenizer (load_dataset, "
             "map(batched=True, num_proc) with encode_batch, save_to_disk)")
+
+
+def _seconds(rounds):
+    return ", ".join(f"{seconds:.1f}" for seconds in rounds) + " s" + (" in turn" if len(rounds) > 1 else "")
