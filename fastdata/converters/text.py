@@ -251,12 +251,14 @@ def _tokenize_input(payload, spec_path, read_file, build):
         except OSError as exc:
             return None, False, f"cannot read: {exc}"
     try:
-        result, count, total = _tokenize_text(tokenizer, payload, build)
+        return _outcome(*_tokenize_text(tokenizer, payload, build))
     except Exception as exc:  # a tokenizer failure means this input is unusable
         return None, False, f"cannot tokenize: {type(exc).__name__}: {exc}"
-    if count == 0:
-        return None, False, "no tokens (empty text)"
-    return result, count < total, None
+
+
+def _outcome(result, count, total):
+    """Return ``_tokenize_input``'s answer for a text tokenized to ``count`` of its ``total`` ids or words."""
+    return (result, count < total, None) if count else (None, False, "no tokens (empty text)")
 
 
 def _tokenize_inputs(payloads, spec_path, read_file, build):
@@ -269,13 +271,7 @@ def _tokenize_inputs(payloads, spec_path, read_file, build):
         encoded = tokenizer.encode_stored_batch(payloads, truncate=False)
     except Exception:  # a text the tokenizer refuses: each on its own, so that the report names that one
         return [_tokenize_input(payload, spec_path, read_file, build) for payload in payloads]
-    return [_kept_ids(ids, tokenizer.max_length) for ids in encoded]
-
-
-def _kept_ids(ids, limit):
-    """Return ``_tokenize_input``'s result for a text's ``ids``: cut to ``limit``, or refused when empty."""
-    count = len(ids) if limit is None else min(limit, len(ids))
-    return (ids[:count], count < len(ids), None) if count else (None, False, "no tokens (empty text)")
+    return [_outcome(*_cut(ids, tokenizer.max_length)) for ids in encoded]
 
 
 def _tokenize_text(tokenizer, text, build):
@@ -288,7 +284,11 @@ def _tokenize_text(tokenizer, text, build):
         distinct = {word: i for i, word in enumerate(dict.fromkeys(kept))}  # first-seen order
         positions = np.array(list(map(distinct.__getitem__, kept)), dtype=np.uint32)
         return ("\n".join(distinct), positions), count, len(tokens)  # words never hold whitespace
-    ids = tokenizer.encode_stored(text, truncate=False)
+    return _cut(tokenizer.encode_stored(text, truncate=False), limit)
+
+
+def _cut(ids, limit):
+    """Return ``(ids cut to limit, their count, the count before)``."""
     count = len(ids) if limit is None else min(limit, len(ids))
     return ids[:count], count, len(ids)
 
