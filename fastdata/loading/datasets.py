@@ -213,8 +213,9 @@ class PackedDataset(BatchReads, Dataset):
             self._store.leave()
         return joined.astype(np.int64, copy=False)
 
-    def read_token_spans(self, first_documents, begins, last_documents, ends):
-        """Return the stored ids of each span, joined (int64), or None where a span's documents lie in two files.
+    def read_token_spans(self, first_documents, begins, last_documents, ends, dtype=np.int64):
+        """Return the stored ids of each span, joined (in ``dtype``), or None where a span's documents lie in two
+        files.
 
         Span ``j`` runs from position ``begins[j]`` of document ``first_documents[j]`` to position ``ends[j]``
         (exclusive) of document ``last_documents[j]``, the documents between whole: a file stores its documents
@@ -223,22 +224,21 @@ class PackedDataset(BatchReads, Dataset):
         if self.kind != "text":
             raise TypeError(f"{self.path!r} holds {self.kind} samples; token ids are read from text files")
         spans = len(first_documents)
-        unique, inverse = np.unique(np.concatenate([first_documents, last_documents]), return_inverse=True)
+        documents = np.concatenate([first_documents, last_documents])  # repeats and all: parts keeps their order
         self._store.enter()  # see NOTE [read leases] in leases.py
         try:
-            parts = self._store.parts(unique)
+            parts = self._store.parts(documents)
             try:
-                part_of, firsts, values = _token_columns(parts, len(unique))
-                first, last = inverse[:spans], inverse[spans:]
-                if (part_of[first] != part_of[last]).any():
+                part_of, firsts, values = _token_columns(parts, len(documents))
+                if (part_of[:spans] != part_of[spans:]).any():
                     return None
                 joined = np.concatenate([values[part][low:high] for part, low, high in zip(
-                    part_of[first].tolist(), (firsts[first] + begins).tolist(), (firsts[last] + ends).tolist())])
+                    part_of[:spans].tolist(), (firsts[:spans] + begins).tolist(), (firsts[spans:] + ends).tolist())])
             finally:
                 parts.release()
         finally:
             self._store.leave()
-        return joined.astype(np.int64, copy=False)
+        return joined.astype(dtype, copy=False)
 
     def __len__(self):
         return self._num_samples

@@ -79,6 +79,7 @@ def make_loader(
     seq_len: int | None = None,
     packing: str = "concat",
     eod: int | str | None = None,
+    tokens_only: bool = False,
 ) -> "BatchLoader | WorkerLoader":
     """Build a loader yielding ``(images uint8 [B, 3, H, W], labels int64 [B])``.
 
@@ -192,6 +193,10 @@ def make_loader(
             "pad" (one document per row, padded; longer ones over several).
         eod: with ``seq_len``: the end-of-document id, or a token of the
             file's tokenizer (``"<|endoftext|>"``).
+        tokens_only: with ``seq_len`` and ``packing="concat"``: dict batches
+            of ``tokens`` alone, ``[B, seq_len + 1]`` in the stored dtype
+            (inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``), full rows
+            only (NOTE [token rows] in sequences.py).
 
     Returns:
         an iterable with ``len``, ``batch_size``, ``dataset``, ``sampler``,
@@ -212,7 +217,7 @@ def make_loader(
         >>> loader = make_loader(dataset, 256, shuffle=True, device="cuda", augment=RandomResizedCrop(224),
         ...                      normalize=True, dtype=torch.bfloat16, memory_format=torch.channels_last)
     """
-    dataset = token_sequences(dataset, seq_len, packing, eod)
+    dataset = token_sequences(dataset, seq_len, packing, eod, tokens_only)
     if isinstance(dataset, Mixture) and shuffle not in (False, "none"):
         raise OptionError(f"shuffle={shuffle!r}: a Mixture shuffles its sources itself and keeps its proportions in "
                           "every window of positions read in order (NOTE [mixture order]); leave shuffle off")

@@ -14,6 +14,15 @@ documents' lengths, so a new ``seq_len``, packing or end-of-document id
 needs no conversion, and a sequence is an index like any sample:
 make_loader's orders, shuffles, ranks (any world size), worker processes
 and exact resume apply to sequences as they do to images.
+
+NOTE [token rows]: ``tokens_only=True`` yields each concat row as it is
+stored: ``{"tokens": [B, T + 1]}`` in the file's id dtype (uint16 for a
+vocabulary of up to 65,536), the form LitData's TokensLoader and litgpt
+train from (inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``), a
+quarter of the int64 bytes to the device. Nothing else is built, so a
+batch costs the rows' copy and the end-of-document ids put in between.
+Only full rows: the stream's last ``(tokens - 1) % T`` tokens, less than a
+row, are not read (they would need padding a loss must know to skip).
 """
 
 import hashlib
@@ -54,26 +63,33 @@ class TokenSequences:
             the one ``convert text --eod`` recorded.
         packing: "concat" (the documents end to end), "pad" (one document per row) or "best_fit" (whole
             documents packed into rows).
+        tokens_only: concat only: batches of ``{"tokens": [B, T + 1]}`` in the stored dtype, full rows only
+            (NOTE [token rows]).
     """
 
     kind = "sequences"
     read_options = ()
 
-    def __init__(self, dataset, seq_len, eod=None, packing="concat"):
+    def __init__(self, dataset, seq_len, eod=None, packing="concat", tokens_only=False):
         self.field = _tokens_field(dataset)
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise OptionError(f"seq_len should be a positive number of tokens, got seq_len={seq_len!r}")
-        self.dataset, self.seq_len, self.packing = dataset, seq_len, packing
+        if tokens_only and packing != "concat":
+            raise OptionError(f"tokens_only=True yields concat rows as stored; packing={packing!r} rows hold "
+                              "padding that only the dict batches' labels mark: use packing='concat'")
+        self.dataset, self.seq_len, self.packing, self.tokens_only = dataset, seq_len, packing, bool(tokens_only)
         if self.field is None:  # a text file: its tokenizer, and the eod convert text --eod recorded
             recorded = dataset.metadata.get("preprocessing", {}).get("eod")
             tokenizer = dataset.metadata["tokenizer"]
             vocab_size, self.pad_id = int(tokenizer["vocab_size"]), int(tokenizer["pad_id"])
+            self.dtype = np.dtype(dataset.metadata["sample_dtype"])
 
             def token_id(token):  # the stored tokenizer, made only for a token
                 return Tokenizer.from_dict(tokenizer).token_id(token)
         else:  # a record file's tokens field: ids of its dtype, no tokenizer
             recorded, token_id, self.pad_id = None, lambda token: None, 0
-            vocab_size = int(np.iinfo(dataset.schema[self.field].stored_dtype).max) + 1
+            self.dtype = np.dtype(dataset.schema[self.field].stored_dtype)
+            vocab_size = int(np.iinfo(self.dtype).max) + 1
         if eod is None and recorded is None:
             raise OptionError(f"seq_len ends each document with its end-of-document id, and {dataset.path!r} "
                               "records none: pass eod=, the id (an int) or a token of the file's tokenizer, e.g. "
@@ -81,14 +97,15 @@ class TokenSequences:
         self.eod = eod_id(recorded if eod is None else eod, vocab_size, dataset.path, token_id)
         self.path = dataset.path
         self.is_remote = False  # a URL's shards are fetched as sequences read them: no fetch-ahead, no block order yet
-        described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": packing}
+        described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": packing,
+                     **({"tokens_only": True} if tokens_only else {})}
         self.fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
         self._starts = None  # the documents' first stream positions, int64 [D + 1]: made in each process
         self._rows = None  # packing="pad": each document's first row, int64 [D + 1]; "best_fit": its plan
 
     def __repr__(self):
         return (f"<TokenSequences of {self.dataset.path!r}: {len(self)} sequences of {self.seq_len} tokens, "
-                f"eod={self.eod}, packing={self.packing!r}>")
+                f"eod={self.eod}, packing={self.packing!r}{', tokens_only' if self.tokens_only else ''}>")
 
     def __getstate__(self):
         return {**self.__dict__, "_starts": None, "_rows": None}
@@ -140,7 +157,9 @@ class TokenSequences:
         if self.packing == "best_fit":
             return len(self._best_fit()[0]) - 1
         tokens = int(self._stream()[0][-1])
-        return -(-(tokens - 1) // self.seq_len) if tokens > 1 else 0
+        if tokens < 2:
+            return 0
+        return (tokens - 1) // self.seq_len if self.tokens_only else -(-(tokens - 1) // self.seq_len)
 
     def _pieces(self, indices):
         """Return ``(rows, documents, starts, stops)``, int64 ``[P]`` each: the pieces of the batch's rows, in order.
@@ -172,6 +191,8 @@ class TokenSequences:
     def __getitem__(self, index):
         """Return sequence ``index`` as a dict of 1-D tensors (``cu_seqlens`` of its own tokens)."""
         batch = self.read_batch(np.array([index], np.int64))
+        if self.tokens_only:
+            return {"tokens": batch["tokens"][0]}
         return {**{name: batch[name][0] for name in ("input_ids", "labels", "position_ids", "document_ids")},
                 "cu_seqlens": batch["cu_seqlens"]}
 
@@ -207,7 +228,12 @@ class TokenSequences:
 
     def _batches(self, indices, sizes, pin_memory):
         """Return the dict batches of ``sizes`` consecutive rows of ``indices`` (checked), read as one."""
-        rows = self._concat_rows(indices) if self.packing == "concat" and self.field is None else None
+        if self.tokens_only:  # see NOTE [token rows]
+            tokens = torch.from_numpy(self._token_rows(indices))
+            bounds = np.cumsum([0, *sizes]).tolist()
+            batches = [{"tokens": tokens[first:stop]} for first, stop in zip(bounds, bounds[1:])]
+            return [{"tokens": batch["tokens"].pin_memory()} for batch in batches] if pin_memory else batches
+        rows = self._concat_rows(indices)
         rows, cuts = rows if rows is not None else (self._from_pieces(indices), None)
         arrays = {name: np.ascontiguousarray(value) for name, value in rows.items()}
         batches, first = [], 0
@@ -228,6 +254,35 @@ class TokenSequences:
 
         Returns ``(arrays, cuts)``: the ``[N, T]`` numpy outputs, and where each document's segment begins in
         the flattened inputs (int64, ascending).
+        """
+        rows = self._joined_rows(indices, np.int64)
+        if rows is None:
+            return None
+        tokens, (documents, row_first, begin, end, flat_begin) = rows
+        starts, width = self._stream()[0], self.seq_len + 1
+        inputs = np.minimum(end, row_first + self.seq_len) - begin  # each segment's tokens among the inputs
+        input_begin = flat_begin - flat_begin // width  # where each segment begins in the [B, T] inputs
+        position_ids = np.arange(len(indices) * self.seq_len) - np.repeat(
+            input_begin - (begin - starts[documents]), inputs)
+        shape = (len(indices), self.seq_len)
+        return ({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "position_ids": position_ids.reshape(shape),
+                 "document_ids": np.repeat(documents, inputs).reshape(shape)}, input_begin[inputs > 0])
+
+    def _token_rows(self, indices):
+        """Return the full concat rows ``indices`` as stored ids, ``[N, T + 1]`` of ``dtype`` (NOTE [token rows])."""
+        rows = self._joined_rows(indices, self.dtype)
+        if rows is not None:
+            return rows[0]
+        pieces = self._from_pieces(indices)  # a row across two files, or a record file's field: by its pieces
+        return np.concatenate([pieces["input_ids"], pieces["labels"][:, -1:]], axis=1).astype(self.dtype)
+
+    def _joined_rows(self, indices, dtype):
+        """Return ``(tokens [N, T + 1] of dtype, segments)`` of full concat rows read a slice per row, or None.
+
+        ``segments``: int64 ``(documents, row_first, begin, end, flat_begin)`` of each row's documents in order:
+        the stream positions of the row's first token and of the segment's ``[begin, end)``, and where the
+        segment begins in the flattened tokens. None where a row is past the stream's end, lies in two files,
+        or the ids are a record file's field (those are read by their pieces).
 
         NOTE [concat rows]: a file stores its documents back to back, so a
         full concat row (all but the stream's last) is one slice of the
@@ -246,12 +301,12 @@ class TokenSequences:
         width, batch_size = self.seq_len + 1, len(indices)
         first = indices * self.seq_len
         last = first + width  # exclusive
-        if batch_size == 0 or last.max() > starts[-1]:
+        if self.packing != "concat" or self.field is not None or batch_size == 0 or last.max() > starts[-1]:
             return None
         d0 = np.searchsorted(starts, first, side="right") - 1
         d1 = np.searchsorted(starts, last - 1, side="right") - 1
         in_last = last - starts[d1]  # positions of document d1 in the row (its eod too, where past its length)
-        joined = self.dataset.read_token_spans(d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]))
+        joined = self.dataset.read_token_spans(d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]), dtype)
         if joined is None:
             return None
         counts = d1 - d0 + 1  # segments (documents) of each row
@@ -259,21 +314,14 @@ class TokenSequences:
         row_first = np.repeat(first, counts)
         begin = np.maximum(starts[documents], row_first)  # stream positions of each segment
         end = np.minimum(starts[documents + 1], row_first + width)
-        sizes = end - begin
         flat_begin = np.repeat(np.arange(batch_size) * width, counts) + begin - row_first
-        eods = (flat_begin + sizes - 1)[end == starts[documents + 1]]  # segments that hold their document's eod
-        tokens = np.empty((batch_size, width), np.int64)
+        eods = (flat_begin + end - begin - 1)[end == starts[documents + 1]]  # segments that hold their eod
+        tokens = np.empty((batch_size, width), dtype)
         stored = np.ones(tokens.size, bool)
         stored[eods] = False
         tokens.reshape(-1)[stored] = joined
         tokens.reshape(-1)[eods] = self.eod
-        inputs = np.minimum(end, row_first + self.seq_len) - begin  # each segment's tokens among the inputs
-        input_begin = flat_begin - flat_begin // width  # where each segment begins in the [B, T] inputs
-        position_ids = np.arange(batch_size * self.seq_len) - np.repeat(input_begin - (begin - starts[documents]),
-                                                                          inputs)
-        shape = (batch_size, self.seq_len)
-        return ({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "position_ids": position_ids.reshape(shape),
-                 "document_ids": np.repeat(documents, inputs).reshape(shape)}, input_begin[inputs > 0])
+        return tokens, (documents, row_first, begin, end, flat_begin)
 
     def _from_pieces(self, indices):
         """Return the ``[N, T]`` numpy outputs of rows ``indices`` read a slice per piece.
@@ -326,7 +374,10 @@ class TokenSequences:
         return {"cu_seqlens": torch.from_numpy(cu_seqlens(batch["document_ids"].numpy()))}
 
     def max_batch_bytes(self, batch_size, **options):
-        """The most bytes of a batch's tensors: four int64 ``[B, T]`` and cu_seqlens (at most ``B * T + 1``)."""
+        """The most bytes of a batch's tensors: four int64 ``[B, T]`` and cu_seqlens (at most ``B * T + 1``), or
+        the ``[B, T + 1]`` stored ids of tokens_only."""
+        if self.tokens_only:
+            return batch_size * (self.seq_len + 1) * self.dtype.itemsize
         tokens = batch_size * self.seq_len
         return 4 * 8 * tokens + 4 * (tokens + 1) + 5 * 64
 
@@ -360,12 +411,13 @@ def cu_seqlens(document_ids):
     return np.append(np.flatnonzero(starts), starts.size).astype(np.int32)
 
 
-def token_sequences(dataset, seq_len, packing, eod):
-    """Return the TokenSequences of make_loader's ``seq_len``, ``packing`` and ``eod`` (None: ``dataset``)."""
+def token_sequences(dataset, seq_len, packing, eod, tokens_only=False):
+    """Return the TokenSequences of make_loader's ``seq_len``, ``packing``, ``eod`` and ``tokens_only`` (None:
+    ``dataset``)."""
     if seq_len is None:
-        if eod is not None or packing != "concat":
-            raise OptionError("eod and packing apply with seq_len=..., the tokens of a sequence")
+        if eod is not None or packing != "concat" or tokens_only:
+            raise OptionError("eod, packing and tokens_only apply with seq_len=..., the tokens of a sequence")
         return dataset
     if packing not in PACKINGS:
         raise OptionError(f"packing should be one of {PACKINGS}, got packing={packing!r}")
-    return TokenSequences(dataset, seq_len, eod, packing)
+    return TokenSequences(dataset, seq_len, eod, packing, tokens_only)

@@ -61,6 +61,72 @@ def test_each_sequence_is_its_slice_of_the_documents_joined_with_eod(corpus, seq
     _check_positions(batch, documents, seq_len, indices, len(stream))
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.integers(1, 700), picks=st.lists(st.integers(0, 10**9), min_size=1, max_size=9),
+       source=st.sampled_from(["file", "folder", "records"]))
+def test_token_rows_are_the_stored_ids_of_each_full_row(corpus, tmp_path_factory, seq_len, picks, source):
+    # NOTE [token rows]: [B, T + 1] of the stored dtype, the stream's last partial row left out
+    path, folder, documents, eod = corpus
+    stream = _stream(documents, eod)
+    dataset = _records(corpus, tmp_path_factory) if source == "records" else open_dataset(
+        folder if source == "folder" else path)
+    sequences = make_loader(dataset, 4, seq_len=seq_len, eod=eod, tokens_only=True).dataset
+    assert len(sequences) == (len(stream) - 1) // seq_len
+    indices = np.array([pick % len(sequences) for pick in picks])
+    tokens = sequences.read_batch(indices)["tokens"]
+    assert tokens.dtype == torch.uint16 and tokens.shape == (len(indices), seq_len + 1)
+    for row, index in enumerate(indices.tolist()):
+        assert tokens[row].tolist() == stream[index * seq_len : (index + 1) * seq_len + 1].tolist()
+
+
+def _records(corpus, tmp_path_factory):
+    """The corpus's documents written as a record file's uint16 tokens field, in shards (made once)."""
+    out = tmp_path_factory.getbasetemp() / "token-records"
+    if not out.exists():
+        write([{"tokens": document.tolist()} for document in corpus[2]], out,
+              {"tokens": Field("tokens", dtype="uint16")}, shard_size=20_000)
+    return open_dataset(out, fields=["tokens"])
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_token_rows_of_an_epoch_are_each_full_row_once_in_the_dict_batches_inputs(corpus, world_size):
+    # every row of tokens_only is once an epoch over the ranks, and equals the dict batch's row of the same index
+    path, folder, _, eod = corpus
+    seen = []
+    for rank in range(world_size):
+        loader = make_loader(open_dataset(folder), 5, shuffle=True, seed=2, seq_len=61, eod=eod, tokens_only=True,
+                             rank=rank, world_size=world_size)
+        dict_rows = loader.dataset
+        orders = list(loader.sampler.batches(0, 0))
+        for batch, indices in zip(loader, orders, strict=True):
+            alone = TokenSequences(open_dataset(path), 61, eod).read_batch(indices)
+            assert torch.equal(batch["tokens"][:, :-1].long(), alone["input_ids"])
+            assert torch.equal(batch["tokens"][:, 1:].long(), alone["labels"])
+            seen += indices.tolist()
+    # every row once; several ranks pad the last global batch with the epoch's first rows (NOTE [remainder])
+    assert sorted(set(seen)) == list(range(len(dict_rows))) and len(seen) - len(dict_rows) < 5 * world_size
+    assert len(seen) == len(dict_rows) if world_size == 1 else len(seen) % (5 * world_size) == 0
+
+
+def test_token_rows_from_worker_processes_and_a_mix_equal_those_read_here(corpus):
+    path, folder, _, eod = corpus
+    here = list(make_loader(open_dataset(path), 6, shuffle=True, seed=5, seq_len=128, eod=eod, tokens_only=True))
+    loader = make_loader(open_dataset(folder), 6, shuffle=True, seed=5, seq_len=128, eod=eod, tokens_only=True,
+                         num_workers=2)
+    try:
+        there = list(loader)
+    finally:
+        loader.close()
+    assert len(here) == len(there) and all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(here, there))
+    web, books = (TokenSequences(open_dataset(source), 64, eod, tokens_only=True) for source in (path, folder))
+    mixture = mix({"web": web, "books": books}, {"web": 3, "books": 1}, by="tokens", period=8)
+    batch = next(iter(make_loader(mixture, 8)))
+    sources, samples = mixture.locate(np.arange(8))
+    assert list(batch) == ["tokens"] and batch["tokens"].dtype == torch.uint16
+    for row, (source, sample) in enumerate(zip(sources.tolist(), samples.tolist())):
+        assert torch.equal(batch["tokens"][row], (web, books)[source][sample]["tokens"])
+
+
 def _padded_rows(documents, eod, seq_len):
     """packing="pad": each row's tokens (at most seq_len + 1) and its first position in its document."""
     rows = []
@@ -269,7 +335,9 @@ def test_the_end_of_document_token_and_options_are_checked(corpus, packed_files)
         ({"seq_len": 8, "eod": 10**6}, r"eod should be an id of the vocabulary of .*docs.h5' \(0\.\."),
         ({"seq_len": 0, "eod": eod}, "seq_len should be a positive number of tokens"),
         ({"seq_len": 8, "eod": eod, "packing": "first_fit"}, r"packing should be one of \('concat', 'pad', 'best"),
-        ({"eod": eod}, "eod and packing apply with seq_len"),
+        ({"eod": eod}, "eod, packing and tokens_only apply with seq_len"),
+        ({"tokens_only": True}, "eod, packing and tokens_only apply with seq_len"),
+        ({"seq_len": 8, "eod": eod, "packing": "pad", "tokens_only": True}, "use packing='concat'"),
         ({"seq_len": 8, "eod": eod, "device": "cpu", "normalize": (0.5, 0.5)}, "normalize apply to image batches"),
     ]:
         with pytest.raises(OptionError, match=message):
