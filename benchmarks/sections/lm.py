@@ -11,18 +11,33 @@ SEQ_LEN + 1 (``group_texts``). Every row reads batches of BATCH sequences
 (the median of process_repeats fresh processes, warm page cache):
 
 * fastdata ``make_loader(seq_len=SEQ_LEN)``: packing concat, best_fit, and
-  concat through ``fastdata.mix`` of two halves (the mixing's cost);
+  concat through ``fastdata.mix`` of two halves (the mixing's cost); and
+  concat with ``tokens_only=True``: ``[BATCH, SEQ_LEN + 1]`` uint16 rows;
 * nanoGPT's ``get_batch``: x and y from random offsets into the memmap;
 * Hugging Face: the grouped blocks, ``with_format("torch")``, a shuffled
   DataLoader (the grouping is stored, done once before);
-* the limit: the same rows copied from the memmap into a preallocated
-  uint16 array, in shuffled order.
+* LitData (where it imports): the stream written by ``optimize`` with
+  ``TokensLoader``, read as blocks of SEQ_LEN + 1 by a shuffled
+  ``StreamingDataLoader``: ``[BATCH, SEQ_LEN + 1]`` uint16, as tokens_only;
+* the limit: the same ``[BATCH, SEQ_LEN + 1]`` rows copied, a slice per
+  row, from a plain array view of the memmap into a preallocated uint16
+  array, in shuffled order; beside it the same copy slicing the
+  ``np.memmap`` itself, as nanoGPT does (its subclass costs ~3 us a slice:
+  NOTE [copy limit]).
 
 A "sample" is a sequence of SEQ_LEN tokens; tokens/s = samples/s x SEQ_LEN.
-The targets compare concat with the others timed in turn in one process,
+The targets compare fastdata with the others timed in turn in one process,
 PAIRED_ROUNDS rounds (NOTE [interleaved rates] in fastdata/measure/engine.py):
 rows measured in separate processes a minute apart put nanoGPT at 44.1M and
-71.1M tokens/s in two runs.
+71.1M tokens/s in two runs. Each peer is compared with the fastdata row of
+its own output: nanoGPT and Hugging Face (int64 inputs and labels) with the
+dict batches, LitData and the copy ([B, T + 1] stored ids) with tokens_only.
+
+NOTE [copy limit]: until 2026-11-28 the limit sliced the np.memmap itself;
+a plain view of the same map copies the same rows 2.6x faster (8 rows of
+2,049 uint16: 14-17 against 37-41 us, /tmp/lmt/copybench.py), since each
+np.memmap slice runs the subclass's Python (``__array_finalize__``). The
+faster one is the limit; the memmap copy stays beside it as a row.
 """
 
 import json
@@ -48,8 +63,15 @@ EOD = "<|endoftext|>"
 VS_COPY = 0.8  # fastdata concat over the copy of the same rows (the issue's bar, warm)
 VS_PEER = 1.0  # fastdata concat over each peer
 CONVERT_ROUNDS = 3  # the conversion and datasets' timed in turn (--quick 1)
+LITDATA_PIECES = 64  # inputs of LitData's optimize: the stream cut in this many pieces
 PAIRED_ROUNDS = 7  # rounds of the interleaved passes behind the read targets (--quick 2)
-PAIRED = ("concat", "nanogpt", "copy", "hf")  # the rows the read targets compare, timed in turn
+PAIRED = ("concat", "tokens", "nanogpt", "hf", "litdata", "copy", "copy_memmap")  # timed in turn (where present)
+TARGETS = {  # peer row -> (the fastdata row it is compared with, its name in the target, the bar)
+    "copy": ("tokens", "the copy of the same rows (warm)", VS_COPY),
+    "nanogpt": ("concat", "nanoGPT get_batch", VS_PEER),
+    "hf": ("concat", "Hugging Face group_texts", VS_PEER),
+    "litdata": ("tokens", "LitData TokensLoader", VS_PEER),
+}
 
 
 def prepare(workdir, num_docs, seed, rounds=1):
@@ -94,7 +116,30 @@ def prepare(workdir, num_docs, seed, rounds=1):
     if installed_version("datasets"):
         files["hf"] = _write_hf(stream, os.path.join(workdir, "hf"))
         files["hf_convert_seconds"] = hf_seconds
+    if installed_version("litdata"):
+        files["litdata"] = _write_litdata(files["bin"], os.path.join(workdir, "litdata"))
+        files["litdata_blocks"] = len(_litdata_blocks(files["litdata"], seed))
     return files
+
+
+def _write_litdata(stream_path, folder):
+    """The stream written by LitData's ``optimize`` for its TokensLoader, in LITDATA_PIECES pieces on 2 workers."""
+    from litdata import optimize
+    from litdata.streaming.item_loader import TokensLoader
+
+    shutil.rmtree(folder, ignore_errors=True)
+    optimize(fn=partial(_stream_piece, stream_path), inputs=list(range(LITDATA_PIECES)), output_dir=folder,
+             chunk_size=(SEQ_LEN + 1) * 1024, item_loader=TokensLoader(), num_workers=2, mode="overwrite")
+    return folder
+
+
+def _stream_piece(stream_path, piece):
+    """Yield piece ``piece`` of LITDATA_PIECES of the uint16 stream, as LitData's optimize takes it."""
+    import torch
+
+    stream = np.memmap(stream_path, dtype=np.uint16, mode="r")
+    yield torch.from_numpy(np.array(stream[piece * len(stream) // LITDATA_PIECES :
+                                           (piece + 1) * len(stream) // LITDATA_PIECES]))
 
 
 def _hf_convert(workdir, tokenizer, tokens):
@@ -137,24 +182,32 @@ def rows(files):
     """Return the Row of every measured reader and the limit."""
     found = [Row("concat", f"fastdata make_loader(seq_len={SEQ_LEN}), packing concat", "0 (defaults)",
                  _fastdata_epochs, {"packing": "concat"}, "fastdata"),
+             Row("tokens", f"fastdata make_loader(seq_len={SEQ_LEN}, tokens_only=True): [B, T + 1] uint16",
+                 "0 (defaults)", _fastdata_epochs, {"packing": "tokens"}, "fastdata"),
              Row("best_fit", f"fastdata make_loader(seq_len={SEQ_LEN}), packing best_fit", "0 (defaults)",
                  _fastdata_epochs, {"packing": "best_fit"}, "fastdata"),
              Row("mixed", "fastdata mix of two halves of the concat sequences, 1:1", "0 (defaults)",
                  _fastdata_epochs, {"packing": "mixed"}, "fastdata"),
              Row("nanogpt", "nanoGPT get_batch: random offsets into a uint16 memmap", "0", _nanogpt_epochs, {},
                  "peer"),
-             Row("copy", "copy: the same rows from the memmap into a preallocated uint16 array", "1 thread",
-                 _copy_epochs, {}, "copy", limit=True)]
+             Row("copy", "copy: the same [B, T + 1] rows from a plain view of the memmap into a preallocated uint16 "
+                 "array", "1 thread", _copy_epochs, {"plain": True}, "copy", limit=True),
+             Row("copy_memmap", "the same copy slicing the np.memmap (NOTE [copy limit])", "1 thread", _copy_epochs,
+                 {"plain": False}, "copy")]
     if "hf" in files:
         found.append(Row("hf", "Hugging Face datasets: group_texts blocks, with_format('torch'), DataLoader",
                          "0", _hf_epochs, {}, "peer"))
+    if "litdata" in files:
+        found.append(Row("litdata", "LitData TokensLoader: StreamingDataLoader of [B, T + 1] uint16 blocks", "0",
+                         _litdata_epochs, {}, "peer"))
     return found
 
 
 def measure(row, setup):
     offline_env(setup["folder"])
-    sequences = {"hf": setup["hf_blocks"], "best_fit": setup["files"]["best_fit_rows"]}.get(row.key,
-                                                                                           setup["sequences"])
+    files = setup["files"]
+    sequences = {"hf": setup["hf_blocks"], "best_fit": files["best_fit_rows"], "litdata": files.get("litdata_blocks"),
+                 "tokens": (files["tokens"] - 1) // SEQ_LEN}.get(row.key, setup["sequences"])
     return measure_row(row, {**setup, "num_samples": sequences}, tokens_per_sample=SEQ_LEN)
 
 
@@ -163,6 +216,11 @@ def _fastdata_epochs(setup, packing):
     from fastdata import TokenSequences, make_loader, mix, open_dataset
 
     dataset = open_dataset(setup["files"]["fastdata"])
+    if packing == "tokens":
+        loader = make_loader(dataset, BATCH, shuffle=True, seed=setup["seed"], seq_len=SEQ_LEN,
+                             eod=setup["files"]["eod"], tokens_only=True)
+        yield partial(consume, loader, key="tokens")
+        return
     if packing == "mixed":  # the concat sequences, as two sources drawn 1:1
         sequences = TokenSequences(dataset, SEQ_LEN, setup["files"]["eod"])
         loader = make_loader(mix({"a": sequences, "b": sequences}, length=len(sequences)), BATCH)
@@ -192,8 +250,9 @@ def _nanogpt_epochs(setup):
 
 
 @contextmanager
-def _copy_epochs(setup):
+def _copy_epochs(setup, plain):
     data = np.memmap(setup["files"]["bin"], dtype=np.uint16, mode="r")
+    data = np.asarray(data) if plain else data  # see NOTE [copy limit]
     count = setup["sequences"]
     order = np.random.default_rng(setup["seed"]).permutation(count)
     starts = np.minimum(order * SEQ_LEN, len(data) - SEQ_LEN - 1).tolist()
@@ -218,6 +277,23 @@ def _hf_epochs(setup):
     yield partial(consume, loader, key="input_ids")
 
 
+@contextmanager
+def _litdata_epochs(setup):
+    from litdata import StreamingDataLoader
+
+    loader = StreamingDataLoader(_litdata_blocks(setup["files"]["litdata"], setup["seed"]), batch_size=BATCH)
+    yield partial(consume, loader)
+
+
+def _litdata_blocks(folder, seed):
+    """LitData's StreamingDataset of blocks of SEQ_LEN + 1 tokens of ``folder``, shuffled (a block never spans two
+    of its chunks: a few tokens at each chunk's end are not read)."""
+    from litdata import StreamingDataset
+    from litdata.streaming.item_loader import TokensLoader
+
+    return StreamingDataset(folder, item_loader=TokensLoader(block_size=SEQ_LEN + 1), shuffle=True, seed=seed)
+
+
 def run(config, fresh):
     """Run the LM section; return its rows, targets and text."""
     workdir = os.path.join(config["workdir"], "lm")
@@ -234,7 +310,7 @@ def run(config, fresh):
     paired = [row for row in found if row.key in PAIRED]
     rounds = 2 if config.get("quick") else PAIRED_ROUNDS
     result = {"rows": measured, "files": {key: value for key, value in files.items() if key != "eod"},
-              "versions": {"datasets": installed_version("datasets"), "tokenizers": installed_version("tokenizers")},
+              "versions": {name: installed_version(name) for name in ("datasets", "tokenizers", "litdata")},
               "paired": fresh.run(measure_paired, paired, setup, rounds)}
     result["targets"] = targets_of(result["paired"], files)
     result["text"] = text(result)
@@ -255,17 +331,17 @@ def measure_paired(paired, setup, rounds):
 
 
 def targets_of(paired, files):
-    """The read targets: medians of the per-round ratios of concat over each paired row; the conversion's ratio."""
-    ours, rounds = paired["concat"], len(paired["concat"])
-    names = {"copy": ("the copy of the same rows (warm)", VS_COPY), "nanogpt": ("nanoGPT get_batch", VS_PEER),
-             "hf": ("Hugging Face group_texts", VS_PEER)}
+    """The read targets: medians of the per-round ratios of a fastdata row over each paired peer (TARGETS); the
+    conversion's ratio."""
     targets = []
-    for key, (name, bar) in names.items():
+    for key, (ours_key, name, bar) in TARGETS.items():
         if key in paired:
-            ratios = [a / b for a, b in zip(ours, paired[key])]
-            targets.append({"name": f"lm: fastdata concat sequences over {name}", "value": statistics.median(ratios),
-                            "threshold": bar, "info": f"median of {rounds} interleaved rounds; medians "
-                            f"{statistics.median(ours) / 1e6:,.1f}M vs {statistics.median(paired[key]) / 1e6:,.1f}M "
+            ours, theirs = paired[ours_key], paired[key]
+            ratios = [a / b for a, b in zip(ours, theirs)]
+            label = "concat sequences" if ours_key == "concat" else "tokens_only rows"
+            targets.append({"name": f"lm: fastdata {label} over {name}", "value": statistics.median(ratios),
+                            "threshold": bar, "info": f"median of {len(ratios)} interleaved rounds; medians "
+                            f"{statistics.median(ours) / 1e6:,.1f}M vs {statistics.median(theirs) / 1e6:,.1f}M "
                             "tokens/s"})
     if "hf_convert_seconds" in files:
         ours, theirs = (statistics.median(files[key]) for key in ("convert_seconds", "hf_convert_seconds"))

@@ -71,8 +71,8 @@ RESUME_VS_FULL = 0.6  # "about half" the time of a full run, after a kill at hal
 KILL_TRIES = 3
 LOAD_VS_LIMIT = 0.8
 LIMIT_KEYS = ("copy_prealloc", "copy_fresh")  # the memcpy limit: the faster one-thread copy
-LITDATA_MISSING = ("not installed: it requires torchvision, whose PyPI build does not load against the CPU torch "
-                   "pinned here (see the peers extra in pyproject.toml); install both by hand to compare")
+LITDATA_MISSING = ("not installed: scripts/setup.sh installs it without its requirements (torchvision, whose PyPI "
+                   "build does not load against the CPU torch pinned here; see pyproject.toml)")
 LOAD_VS_FILE = 0.9  # "within noise" of the single file
 LOAD_ROUNDS = 7  # interleaved rounds of the loading rows per process (--quick 2)
 RSS_GROWTH = 1.25  # peak RSS at shard_images over shard_compare inputs

@@ -37,18 +37,30 @@ def test_the_peers_hold_the_tokens_fastdata_stored(section):
 
         blocks = datasets.load_from_disk(files["hf"])
         assert blocks[1]["input_ids"] == stream[lm.SEQ_LEN + 1 : 2 * (lm.SEQ_LEN + 1)].tolist()
+    if "litdata" in files:  # LitData's blocks: the stream in rows of SEQ_LEN + 1, a chunk's last tokens left out
+        blocks = lm._litdata_blocks(files["litdata"], 0)
+        assert len(blocks) == files["litdata_blocks"] > 0
+        rows = sorted(tuple(blocks[index].tolist()) for index in range(len(blocks)))
+        assert all(len(row) == lm.SEQ_LEN + 1 for row in rows)
+        text = stream.tobytes()
+        assert all(np.array(row, np.uint16).tobytes() in text for row in rows)
 
 
 def test_every_reader_is_measured_and_the_targets_are_ratios_of_its_rows(section):
     rate = {row["key"]: row["tokens_per_s"] for row in section["rows"]}
-    assert {"concat", "best_fit", "mixed", "nanogpt", "copy"} <= set(rate) and min(rate.values()) > 0
+    assert {"concat", "tokens", "best_fit", "mixed", "nanogpt", "copy", "copy_memmap"} <= set(rate)
+    assert min(rate.values()) > 0
     by_name = {target["name"]: target for target in section["targets"]}
-    paired = section["paired"]  # the read targets: concat and each other row timed in turn, round by round
-    assert set(paired) == {"concat", "nanogpt", "copy"} | ({"hf"} if "hf" in rate else set())
+    paired = section["paired"]  # the read targets: a fastdata row and each peer timed in turn, round by round
+    peers = {key for key in ("hf", "litdata") if key in rate}
+    assert set(paired) == {"concat", "tokens", "nanogpt", "copy", "copy_memmap"} | peers
     assert {len(rates) for rates in paired.values()} == {2} and min(min(rates) for rates in paired.values()) > 0
-    for key, name in (("copy", "the copy of the same rows (warm)"), ("nanogpt", "nanoGPT get_batch")):
-        ratios = sorted(a / b for a, b in zip(paired["concat"], paired[key]))
-        assert by_name[f"lm: fastdata concat sequences over {name}"]["value"] == pytest.approx(sum(ratios) / 2)
+    for key, (ours, name, _) in lm.TARGETS.items():
+        if key not in paired:
+            continue
+        ratios = sorted(a / b for a, b in zip(paired[ours], paired[key]))
+        label = "concat sequences" if ours == "concat" else "tokens_only rows"
+        assert by_name[f"lm: fastdata {label} over {name}"]["value"] == pytest.approx(sum(ratios) / 2)
     assert "M tokens/s" in section["text"] and "best_fit" in section["text"]
     if "hf" in section["files"]:  # the same JSONL tokenized by datasets.map: the same ids counted, timed
         files = section["files"]
