@@ -277,6 +277,11 @@ def _fits_page_cache(dataset):
     the concat or pad sequences of a text one (NOTE [sequence blocks]); any other dataset is taken to."""
     if not _sized(dataset):
         return True
+    if getattr(dataset, "packing", None) == "best_fit" and getattr(dataset.dataset, "is_remote", False):
+        warnings.warn(f"{dataset.path!r} is at a URL, and packing='best_fit' rows take documents from every shard, "
+                      "so their shards are fetched as the rows need them, none ahead (NOTE [remote sequences]); "
+                      "packing='concat' or 'pad' reads rows in the block order, their shards fetched ahead",
+                      UserWarning, stacklevel=3)
     fits = choose_shuffle(dataset)[0] == "uniform"
     if not fits and getattr(dataset, "packing", None) == "best_fit":
         warnings.warn(f"{dataset.path!r} does not fit in memory, and packing='best_fit' rows take documents from "

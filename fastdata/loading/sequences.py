@@ -25,6 +25,7 @@ Only full rows: the stream's last ``(tokens - 1) % T`` tokens, less than a
 row, are not read (they would need padding a loss must know to skip).
 """
 
+import dataclasses
 import hashlib
 import json
 
@@ -96,7 +97,6 @@ class TokenSequences:
                               "eod='<|endoftext|>' (or convert with --eod)")
         self.eod = eod_id(recorded if eod is None else eod, vocab_size, dataset.path, token_id)
         self.path = dataset.path
-        self.is_remote = False  # a URL's shards are fetched as sequences read them: no fetch-ahead, no block order yet
         described = {"dataset": dataset.fingerprint, "seq_len": seq_len, "eod": self.eod, "packing": packing,
                      **({"tokens_only": True} if tokens_only else {})}
         self.fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
@@ -131,6 +131,47 @@ class TokenSequences:
         if self._rows is None:
             self._rows = best_fit_rows(self._stream()[1], self.seq_len)
         return self._rows
+
+    @property
+    def is_remote(self):
+        """Whether the documents come from a URL and the rows' shards are fetched ahead (NOTE [remote sequences]).
+
+        NOTE [remote sequences]: concat and pad rows lie in their index order
+        in the shards, so a loader reads them as it reads the samples of a
+        folder at a URL: in the block order that fits the shard cache, with
+        a ShardReadAhead fetching the shards of the windows it reads next
+        (NOTE [remote read-ahead] in reading/remote.py), told by
+        ``shard_index`` which shard holds each row's first token. A row that
+        runs into the next shard finds it fetched where the order reads that
+        shard too, else fetches it as any missing shard is fetched (once a
+        window at most). best_fit rows take documents from every shard, so
+        they are read as they come, their shards fetched on demand (make_loader
+        warns).
+        """
+        return self.packing != "best_fit" and getattr(self.dataset, "is_remote", False)
+
+    @property
+    def prefetch(self):
+        """The shards fetched ahead of a URL's reads (the dataset's ``prefetch``)."""
+        return self.dataset.prefetch
+
+    @property
+    def shard_source(self):
+        """Where the documents' shard files come from (the dataset's)."""
+        return self.dataset.shard_source
+
+    @property
+    def shard_index(self):
+        """The dataset's ShardIndex with rows for samples: shard ``k`` holds rows ``starts[k]:starts[k + 1]``,
+        those whose first token it stores (NOTE [remote sequences])."""
+        index = self.dataset.shard_index
+        if self.packing == "concat":
+            rows = -(-self._stream()[0][index.starts] // self.seq_len)  # the first row starting in each shard
+        elif self.packing == "pad":
+            rows = self._document_rows()[index.starts]
+        else:
+            raise OptionError("best_fit rows draw documents from every shard: they have no shard of their own")
+        return dataclasses.replace(index, starts=np.minimum(rows, len(self)))
 
     @property
     def nbytes(self):

@@ -212,10 +212,15 @@ class ShardReadAhead:
         fetcher.advance(first - self._offset)
 
     def _add(self, step):
-        """Append the shards ``step`` reads first to the sequence."""
-        first = len(self._sequence)
+        """Append the shards ``step`` reads to the sequence: each one not in it since the step before's first.
+
+        A shard read again after the reader has moved past it (a block order whose blocks lie across two
+        shards: two windows share a shard) is appended anew, so that the step's first place never goes back
+        and the shard is wanted again where it may have been let go.
+        """
+        first, floor = len(self._sequence), self._first.get(step - 1, 0)
         for shard in self._step_shards(step).tolist():
-            if shard not in self._place:
+            if self._place.get(shard, -1) < floor:
                 self._place[shard] = len(self._sequence)
                 self._sequence.append(shard)
             first = min(first, self._place[shard])

@@ -449,3 +449,45 @@ def test_a_remote_loader_resumes_from_its_state(remote_shards, s3_server, tmp_pa
     resumed = make_loader(open_remote(url, s3_server, tmp_path, cache_limit=limit), 3, shuffle=True, seed=5)
     resumed.load_state_dict(state)
     batches_equal(first + list(resumed), whole)
+
+
+# ---------------------------------------------------------------- sequences
+
+
+@pytest.mark.parametrize("packing", ["concat", "pad"])
+def test_sequences_of_a_url_fetch_their_rows_shards_ahead_and_equal_the_local_folders(
+        remote_text, s3_server, tmp_path, monkeypatch, packing):
+    # NOTE [remote sequences]: the block order of the rows that fits the cache, each step's shards fetched first
+    local_root, url = remote_text("hdf5")
+    limit = 6 * int(max(open_dataset(local_root)._store.index.sizes))
+    remote = open_remote(url, s3_server, tmp_path, cache_limit=limit)
+    loader = make_loader(remote, 3, shuffle=True, seed=2, seq_len=24, eod=0, packing=packing)
+    sequences, order = loader.dataset, loader.sampler.describe()
+    assert sequences.is_remote and order["shuffle"] == "block" and isinstance(loader.steps.readahead, ShardReadAhead)
+    index = sequences.shard_index
+    assert index.starts[0] == 0 and index.starts[-1] == len(sequences) and (np.diff(index.starts) >= 0).all()
+    for row in range(len(sequences)):  # each row's first token lies in the shard the index names
+        first_document = sequences._pieces(np.array([row]))[1][0]
+        assert index.shard_of(np.array([row]))[0] == remote.shard_index.shard_of(np.array([first_document]))[0]
+    twin = make_loader(open_dataset(local_root), 3, shuffle="block", block_size=order["block_size"],
+                       window=order["window"], seed=2, seq_len=24, eod=0, packing=packing)
+    mine, theirs = list(loader), list(twin)
+    assert len(mine) == len(theirs) > 10
+    assert all(a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a) for a, b in zip(mine, theirs))
+    monkeypatch.setattr("fastdata.reading.remote.Prefetcher", RecordingPrefetcher)
+    fresh = make_loader(open_remote(url, s3_server, tmp_path / "empty", cache_limit=limit), 3, shuffle=True, seed=2,
+                        seq_len=24, eod=0, packing=packing)
+    for epoch in range(2):  # blocks of rows lie across shards here: a shard read again is wanted again
+        for batch in fresh.steps.batches(epoch):
+            recorded = RecordingPrefetcher.made[-1]
+            assert recorded.position >= 0 and set(index.shard_of(batch).tolist()) <= recorded.kept()
+
+
+def test_best_fit_rows_of_a_url_fetch_their_shards_as_they_read_them_and_say_so(remote_text, s3_server, tmp_path):
+    local_root, url = remote_text("hdf5")
+    with pytest.warns(UserWarning, match="best_fit' rows take documents from every shard"):
+        loader = make_loader(open_remote(url, s3_server, tmp_path), 3, seq_len=24, eod=0, packing="best_fit")
+    assert not loader.dataset.is_remote and loader.steps.readahead is None
+    local = make_loader(open_dataset(local_root), 3, seq_len=24, eod=0, packing="best_fit")
+    for a, b in zip(loader, local, strict=True):
+        assert all(torch.equal(a[key], b[key]) for key in a)
