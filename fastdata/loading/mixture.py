@@ -142,8 +142,7 @@ class Mixture:
         """Read consecutive batches of ``sizes`` positions of ``indices`` as one (NOTE [grouped sequences] in
         sequences.py); return a function returning them, each as ``read_batch`` returns it."""
         whole = self.read_batch(indices, pin_memory, epoch, **options)
-        rows = len(indices)
-        wide = [key for key, value in whole.items() if isinstance(value, torch.Tensor) and len(value) != rows]
+        wide = _batch_wide(whole, len(indices))
         batches, first = [], 0
         for size in sizes:
             batch = {key: value[first : first + size] for key, value in whole.items() if key not in wide}
@@ -227,8 +226,7 @@ def _joined(pieces, order, sources):
                 raise OptionError(f"mix: {name!r} gives fields {list(batch)}, {pieces[0][0]!r} gives {keys}; "
                                   "mix datasets of the same fields")
         rows = [len(next(value for value in batch.values() if isinstance(value, torch.Tensor))) for batch in batches]
-        wide = [key for key in keys if any(isinstance(batch[key], torch.Tensor) and len(batch[key]) != count
-                                           for batch, count in zip(batches, rows))]
+        wide = sorted(set().union(*(_batch_wide(batch, count) for batch, count in zip(batches, rows))), key=keys.index)
         joined = {key: _rows([batch[key] for batch in batches], order, key, pieces, pad=True) for key in keys
                   if key not in wide}
         if wide:
@@ -242,6 +240,11 @@ def _joined(pieces, order, sources):
     if any(isinstance(batch, dict) for batch in batches):
         raise OptionError("mix: some datasets give dict batches and others tuples; mix datasets of one kind")
     return tuple(_rows(list(column), order, number, pieces) for number, column in enumerate(zip(*batches)))
+
+
+def _batch_wide(batch, rows):
+    """Return the keys of a dict batch of ``rows`` rows whose tensors are not a row per sample (cu_seqlens)."""
+    return [key for key, value in batch.items() if isinstance(value, torch.Tensor) and len(value) != rows]
 
 
 def _rows(values, order, key, pieces, pad=False):
