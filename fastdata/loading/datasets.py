@@ -224,16 +224,18 @@ class PackedDataset(BatchReads, Dataset):
         if self.kind != "text":
             raise TypeError(f"{self.path!r} holds {self.kind} samples; token ids are read from text files")
         spans = len(first_documents)
-        documents = np.concatenate([first_documents, last_documents])  # repeats and all: parts keeps their order
+        # Sorted and unique: a part is a run of one shard, so two documents of one shard share a part.
+        unique, inverse = np.unique(np.concatenate([first_documents, last_documents]), return_inverse=True)
         self._store.enter()  # see NOTE [read leases] in leases.py
         try:
-            parts = self._store.parts(documents)
+            parts = self._store.parts(unique)
             try:
-                part_of, firsts, values = _token_columns(parts, len(documents))
-                if (part_of[:spans] != part_of[spans:]).any():
+                part_of, firsts, values = _token_columns(parts, len(unique))
+                first, last = inverse[:spans], inverse[spans:]
+                if (part_of[first] != part_of[last]).any():
                     return None
                 joined = np.concatenate([values[part][low:high] for part, low, high in zip(
-                    part_of[:spans].tolist(), (firsts[:spans] + begins).tolist(), (firsts[spans:] + ends).tolist())])
+                    part_of[first].tolist(), (firsts[first] + begins).tolist(), (firsts[last] + ends).tolist())])
             finally:
                 parts.release()
         finally:

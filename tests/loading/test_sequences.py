@@ -219,6 +219,11 @@ def test_full_concat_rows_are_read_a_slice_each_and_the_others_by_their_pieces(c
     shards = open_dataset(folder).num_shards
     assert shards >= 3 and taken["pieces"] == 2 + (shards - 1)  # each file's last row; a row across each boundary
     assert taken["rows"] == 2 * len(sequences) - taken["pieces"]
+    # rows of many shards in one read, in any order (a group of make_loader's): still a slice a row
+    whole = [index for index in range(len(sequences)) if sequences._concat_rows(np.array([index])) is not None]
+    shuffled = np.random.default_rng(0).permutation(whole)
+    rows = sequences._concat_rows(shuffled)
+    assert rows is not None and np.array_equal(rows[0]["input_ids"], sequences._from_pieces(shuffled)["input_ids"])
 
 
 @pytest.mark.parametrize("sharded", [False, True])
