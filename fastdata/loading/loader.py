@@ -337,8 +337,8 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
         # disk once whatever the order (the read-around pages stay cached),
         # so only one that does not fit gets them.
         return None
-    if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: the block order alone
-        return None
+    if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: hints, no window reads
+        return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
     # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
     # reads] in windows.py); workers and ranks share their reads through the page cache.
     alone = sampler.shuffle == "block" and one_reader and sampler.world_size == 1

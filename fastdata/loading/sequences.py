@@ -182,15 +182,49 @@ class TokenSequences:
         index order, so make_loader's shuffle=True treats sequences as it
         treats images (NOTE [auto shuffle] in shuffles.py): a corpus whose
         files do not fit in memory is read in the block order, blocks of
-        about BLOCK_BYTES of stored tokens, with no kernel hints or window
-        reads (those read packed samples). best_fit rows take documents from
-        the whole corpus, so they stay in the uniform order and make_loader
-        warns. Not measured at scale: the lm benchmark's 59 MB file evicted
-        before each run read 35-38M (uniform) and 31-39M (block) tokens/s
-        over 400 batches, the CPU's rate, the kernel's read-around caching
-        so small a file within the run.
+        about BLOCK_BYTES of stored tokens, with the kernel hints of a
+        ReadAhead (NOTE [read ahead] in readahead.py) over the documents of
+        the rows (``will_need`` / ``done_with`` of row ranges; no window
+        reads: those read packed samples). Without the hints the maps kept
+        the kernel's read-around, 8 MiB on this machine's disk for each 4 KiB
+        row: the lmscale benchmark's 1.07 GB folder in a 0.67 GB cgroup read
+        0.5M tokens/s, 1,107x its ids from disk; with them 31.7M at 1.94x
+        (35.2M at 1.58x in a 1 GB cgroup), against 620-700M tokens/s for a
+        sequential read of the files: each row still faults its pages in,
+        so window reads (NOTE [window reads] in windows.py) for sequences
+        are what is left (/tmp/lmt/cold.py, wrun.py). best_fit rows take
+        documents from the whole corpus, so they stay in the uniform order,
+        unhinted, and make_loader warns.
         """
         return getattr(self.dataset, "nbytes", None)
+
+    def advise(self, pattern):
+        """Tell the kernel how the documents' ids will be read ("random" or "normal"): see NOTE [sequence blocks]."""
+        self.dataset.advise(pattern)
+
+    def will_need(self, ranges, give=None):
+        """Ask the kernel to read the ids of the rows ``[start, stop)`` of ``ranges`` now; see PackedDataset's."""
+        return self.dataset.will_need(self._document_ranges(ranges), give)
+
+    def done_with(self, ranges, drop=False):
+        """Tell the kernel the ids of the rows of ``ranges`` are not read again soon; see PackedDataset's."""
+        self.dataset.done_with(self._document_ranges(ranges), drop)
+
+    def _document_ranges(self, ranges):
+        """Return int64 ``[K, 2]`` document ranges ``[first, last + 1)`` holding the tokens of row ``ranges``."""
+        ranges = np.asarray(ranges, np.int64).reshape(-1, 2)
+        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
+        if self.packing == "concat":
+            starts = self._stream()[0]
+            first = np.searchsorted(starts, ranges[:, 0] * self.seq_len, side="right") - 1
+            last = np.searchsorted(starts, np.minimum(ranges[:, 1] * self.seq_len, starts[-1] - 1), side="right") - 1
+        elif self.packing == "pad":
+            rows = self._document_rows()
+            first = np.searchsorted(rows, ranges[:, 0], side="right") - 1
+            last = np.searchsorted(rows, ranges[:, 1] - 1, side="right") - 1
+        else:  # make_loader gives best_fit rows no ReadAhead (NOTE [sequence blocks])
+            raise OptionError("best_fit rows draw documents from the whole corpus: no range of rows is one of them")
+        return np.stack([first, last + 1], axis=1)
 
     def __len__(self):
         if self.packing == "pad":

@@ -12,6 +12,7 @@ from support import run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX, cu_seqlens
+from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 
 EOD = "<|endoftext|>"
@@ -266,6 +267,12 @@ def test_a_corpus_bigger_than_memory_is_read_in_blocks_of_sequences(corpus, monk
                         packing=packing)
     blocks = [tuple(row) for batch in small for row in batch["input_ids"].tolist()]
     assert sorted(blocks) == sorted(every) and blocks != every
+    # the kernel is told of the documents of the rows read next (NOTE [read ahead]): ranges exactly covering them
+    assert isinstance(loader.steps.readahead, ReadAhead)
+    for first, stop in [(0, 1), (3, 9), (len(sequences) - 4, len(sequences)), (7, 7)]:
+        documents = np.unique(sequences._pieces(np.arange(first, stop))[1])
+        expected = [[documents[0], documents[-1] + 1]] if len(documents) else []
+        assert sequences._document_ranges(np.array([[first, stop]])).tolist() == expected
 
 
 def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
