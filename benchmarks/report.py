@@ -91,7 +91,7 @@ def collect_targets(sections):
             targets.append(finish({**target, "name": f"images {size}px: {target['name']}", "info": info}, "images"))
     targets += [finish(t, "images+peers") for t in peer_targets(sections)]
     for name in ("gpustep", "text", "memory", "shards", "scale", "augment", "fusedcrop", "training", "streaming",
-                 "busystep", "gpu", "records", "lm"):
+                 "busystep", "gpu", "records", "lm", "lmscale"):
         targets += [finish(t, name) for t in sections.get(name, {}).get("targets", [])]
     return targets
 
@@ -272,7 +272,7 @@ _RENDERERS = (("images", images_text), ("gpustep", gpustep_text), ("text", text_
               ("sweeps", sweeps_text), ("memory", memory_text), ("coldcache", coldcache_text),
               *[(name, lambda section, config: section["text"])  # these sections write their own
                 for name in ("shards", "scale", "augment", "fusedcrop", "training", "streaming", "busystep",
-                             "records", "lm")])
+                             "records", "lm", "lmscale")])
 
 
 # ---------------------------------------------------------------- files

@@ -46,6 +46,11 @@ NOTE [zygote] in fresh.py):
   jpeg) and a detection-like set (0-50 boxes) written by fastdata.write,
   against the same records through Hugging Face datasets and WebDataset;
   their conversion against datasets.map(num_proc=2) and a plain Pool.
+* lm: 2048-token sequences of a 100,000-document corpus (concat, tokens_only,
+  best_fit, a mix) against nanoGPT, Hugging Face group_texts, LitData and the
+  copy; the conversion against datasets.map(num_proc=2).
+* lmscale: the same over a ~1 GB corpus (made once, cached), warm and from
+  disk in a memory cgroup smaller than it.
 
 Writes ``results.json``, ``results.md`` and ``*.png`` into --out-dir
 (default benchmarks/results; with --quick benchmarks/results/tmp/quick).
@@ -65,7 +70,7 @@ if __name__ in ("__main__", "__mp_main__"):  # run as a script, which puts bench
     sys.path[:] = [REPO, *(path for path in sys.path if os.path.abspath(path or ".") != BENCHMARKS)]
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 SECTIONS = ("images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
-            "fusedcrop", "training", "streaming", "gpu", "busystep", "records", "lm")
+            "fusedcrop", "training", "streaming", "gpu", "busystep", "records", "lm", "lmscale")
 FULL = {"num_images": 2000, "sizes": "64,224", "repeats": 3, "process_repeats": 3, "min_seconds": 0.25,
         "text_docs": 10000, "memory_samples": 1_000_000, "tiny_images": 2000, "shard_images": 200_000,
         "shard_compare": 10_000, "stream_images": 6000}

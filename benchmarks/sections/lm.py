@@ -232,21 +232,23 @@ def _fastdata_epochs(setup, packing):
 
 @contextmanager
 def _nanogpt_epochs(setup):
-    import torch
-
     data = np.memmap(setup["files"]["bin"], dtype=np.uint16, mode="r")
     sizes = [min(BATCH, setup["sequences"] - start) for start in range(0, setup["sequences"], BATCH)]
 
-    def get_batch(size):  # nanoGPT's train.py on the CPU (its batch_size = size)
-        ix = torch.randint(len(data) - SEQ_LEN, (size,))
-        x = torch.stack([torch.from_numpy(data[i : i + SEQ_LEN].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + SEQ_LEN].astype(np.int64)) for i in ix])
-        return x, y
-
     def epoch():  # as many sequences as the concat rows: random offsets, not an epoch of the tokens
-        return sum(len(get_batch(size)[0]) for size in sizes)
+        return sum(len(get_batch(data, size)[0]) for size in sizes)
 
     yield epoch
+
+
+def get_batch(data, size):
+    """nanoGPT's train.py get_batch on the CPU (its batch_size = ``size``) over the uint16 memmap ``data``."""
+    import torch
+
+    ix = torch.randint(len(data) - SEQ_LEN, (size,))
+    x = torch.stack([torch.from_numpy(data[i : i + SEQ_LEN].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + SEQ_LEN].astype(np.int64)) for i in ix])
+    return x, y
 
 
 @contextmanager

@@ -25,6 +25,7 @@ def section(tmp_path_factory):
         return lm.run(config, fresh)
 
 
+@pytest.mark.filterwarnings("ignore:The given buffer is not writable")  # LitData's reads wrap read-only bytes
 def test_the_peers_hold_the_tokens_fastdata_stored(section):
     files = section["files"]
     stream = np.fromfile(files["bin"], np.uint16)

@@ -19,7 +19,7 @@ from benchmarks.fresh import FreshProcesses, run_isolated  # noqa: E402
 from benchmarks.samplers import EpochBatches, StreamBatches  # noqa: E402
 
 SECTIONS = {"images", "gpustep", "text", "peers", "sweeps", "memory", "coldcache", "shards", "scale", "augment",
-            "fusedcrop", "training", "streaming", "gpu", "busystep", "records", "lm"}
+            "fusedcrop", "training", "streaming", "gpu", "busystep", "records", "lm", "lmscale"}
 
 
 def test_only_selects_sections_and_rejects_unknown_ones(capsys):
