@@ -71,3 +71,29 @@ def test_a_loader_fetches_the_shards_its_order_reads_next_before_they_are_read(r
     twin = make_loader(open_dataset(local), 8, shuffle="block", block_size=described["block_size"], window=3, seed=3)
     assert ids == [batch["id"].tolist() for batch in twin]
     assert sorted(sum(ids, [])) == list(range(300))
+
+
+def test_sequences_of_a_tokens_field_at_a_url_fetch_ahead_and_equal_the_local_folders(s3_server, tmp_path):
+    # NOTE [remote sequences]: a record file's tokens field is cut and fetched as a text file's documents are
+    from storage.servers import upload
+
+    rng = np.random.default_rng(4)
+    documents = [rng.integers(3, 500, int(rng.choice([1, 9, 60, 300]))).tolist() for _ in range(200)]
+    local = tmp_path / "docs"
+    write([{"tokens": document} for document in documents], local, {"tokens": Field("tokens", dtype="uint16")},
+          shard_size=8_000)
+    url = upload(local, s3_server.bucket() + "/docs", s3_server.storage_options)
+    remote = open_dataset(url, storage_options=s3_server.storage_options, cache_dir=tmp_path / "cache",
+                          cache_limit=int(6 * read_index(local).sizes.max()), fields=["tokens"])
+    loader = make_loader(remote, 4, shuffle=True, seed=6, seq_len=32, eod=2, tokens_only=True)
+    described = loader.sampler.describe()
+    assert loader.dataset.is_remote and described["shuffle"] == "block"
+    assert isinstance(loader.steps.readahead, ShardReadAhead)
+    twin = make_loader(open_dataset(local, fields=["tokens"]), 4, shuffle="block", seed=6, seq_len=32, eod=2,
+                       tokens_only=True, block_size=described["block_size"], window=described["window"])
+    stream = np.concatenate([np.append(document, 2) for document in documents])
+    rows = 0
+    for a, b in zip(loader, twin, strict=True):
+        assert np.array_equal(a["tokens"].numpy(), b["tokens"].numpy())
+        rows += len(a["tokens"])
+    assert rows == (len(stream) - 1) // 32
