@@ -113,11 +113,15 @@ def restore_sigterm():
     # handler for its own process; keep pytest's. A test that leaves signals
     # blocked fails: every later test's children would inherit the mask and
     # outlive SIGTERM (seen once in CI: five signal tests failed far after the
-    # test that leaked it).
-    handler = signal.getsignal(signal.SIGTERM)
+    # test that leaked it). SIGINT's handler is kept too: LitData's optimize,
+    # once run in the pytest process, left one that ends the process with
+    # os._exit(0), and a later signal test's SIGINT ended a CI run there with
+    # exit status 0, 200 tests unrun and no summary.
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     yield
-    signal.signal(signal.SIGTERM, handler)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
     left = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     if left != mask:
         pytest.fail(f"the test left signals {sorted(map(str, set(left) - set(mask)))} blocked in pytest's "

@@ -64,7 +64,8 @@ def run(config, fresh):
     """Run the section; return its rows, targets and text."""
     conf = settings(config)
     workdir = os.path.join(config["workdir"], "lmscale")
-    files = corpus(workdir, conf["lmscale_docs"], config["seed"])
+    # In a process of its own: LitData's optimize leaves a SIGINT handler that ends its process with os._exit(0)
+    files = fresh.run(corpus, workdir, conf["lmscale_docs"], config["seed"])
     setup = {"files": files, "sequences": -(-(files["tokens"] - 1) // SEQ_LEN), "seed": config["seed"],
              "min_seconds": config["min_seconds"], "rounds": conf["lmscale_rounds"]}
     results = {"settings": conf, "files": {key: value for key, value in files.items() if key != "eod"},

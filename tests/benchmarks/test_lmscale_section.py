@@ -1,5 +1,6 @@
 """The language-model-at-scale section of the benchmark suite, run small: warm rows and rows from disk in a cgroup."""
 
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -23,8 +24,12 @@ def section(tmp_path_factory):
     pytest.importorskip("tokenizers")
     config = {"quick": True, "lmscale_docs": 1500, "lmscale_rounds": 2, "lmscale_seconds": 0.3, "repeats": 1,
               "process_repeats": 1, "min_seconds": 0.01, "seed": 0, "workdir": str(tmp_path_factory.mktemp("work"))}
+    handler = signal.getsignal(signal.SIGINT)
     with FreshProcesses() as fresh:
-        return lmscale.run(config, fresh)
+        section = lmscale.run(config, fresh)
+    # LitData's optimize runs in a process of the section's: it leaves a SIGINT handler calling os._exit(0)
+    assert signal.getsignal(signal.SIGINT) is handler
+    return section
 
 
 def test_the_corpus_is_converted_and_the_peers_hold_its_stream(section):
