@@ -337,11 +337,13 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
         # disk once whatever the order (the read-around pages stay cached),
         # so only one that does not fit gets them.
         return None
-    if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: hints, no window reads
-        return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
     # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
-    # reads] in windows.py); workers and ranks share their reads through the page cache.
+    # reads] in windows.py, NOTE [sequence windows] in sequencewindows.py); workers and ranks share their
+    # reads through the page cache.
     alone = sampler.shuffle == "block" and one_reader and sampler.world_size == 1
+    if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: concat rows in windows, else hints
+        windows = dataset.read_windows(sampler.order) if alone else None
+        return windows or ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
     windows = dataset.read_windows(sampler.order) if alone else None
     if windows is not None:
         return WindowAhead(windows, sampler.rank, sampler.world_size)

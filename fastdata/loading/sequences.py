@@ -37,6 +37,7 @@ from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.records import RecordDataset
+from fastdata.loading.sequencewindows import SequenceWindows
 from fastdata.reading.packing import best_fit_rows, counted
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
@@ -101,6 +102,7 @@ class TokenSequences:
                      **({"tokens_only": True} if tokens_only else {})}
         self.fingerprint = hashlib.sha256(json.dumps(described).encode()).hexdigest()[:16]
         self._starts = None  # the documents' first stream positions, int64 [D + 1]: made in each process
+        self._windows = None  # the SequenceWindows rows are cut from (NOTE [sequence windows]), or None
         self._rows = None  # packing="pad": each document's first row, int64 [D + 1]; "best_fit": its plan
 
     def __repr__(self):
@@ -108,7 +110,18 @@ class TokenSequences:
                 f"eod={self.eod}, packing={self.packing!r}{', tokens_only' if self.tokens_only else ''}>")
 
     def __getstate__(self):
-        return {**self.__dict__, "_starts": None, "_rows": None}
+        return {**self.__dict__, "_starts": None, "_rows": None, "_windows": None}
+
+    def read_windows(self, order):
+        """Cut concat rows from ``order``'s windows read whole from now on; return the SequenceWindows, or None
+        where they do not apply (another packing, a record field, a URL, an order that is not "block").
+
+        See NOTE [sequence windows] in sequencewindows.py; for one process reading alone.
+        """
+        if (self.packing != "concat" or self.field is not None or self.is_remote or order.shuffle != "block"):
+            return None
+        self._windows = SequenceWindows(self, order)
+        return self._windows
 
     def _stream(self):
         if self._starts is None:
@@ -182,19 +195,19 @@ class TokenSequences:
         index order, so make_loader's shuffle=True treats sequences as it
         treats images (NOTE [auto shuffle] in shuffles.py): a corpus whose
         files do not fit in memory is read in the block order, blocks of
-        about BLOCK_BYTES of stored tokens, with the kernel hints of a
-        ReadAhead (NOTE [read ahead] in readahead.py) over the documents of
-        the rows (``will_need`` / ``done_with`` of row ranges; no window
-        reads: those read packed samples). Without the hints the maps kept
-        the kernel's read-around, 8 MiB on this machine's disk for each 4 KiB
-        row: the lmscale benchmark's 1.07 GB folder in a 0.67 GB cgroup read
-        0.5M tokens/s, 1,107x its ids from disk; with them 31.7M at 1.94x
-        (35.2M at 1.58x in a 1 GB cgroup), against 620-700M tokens/s for a
-        sequential read of the files: each row still faults its pages in,
-        so window reads (NOTE [window reads] in windows.py) for sequences
-        are what is left (/tmp/lmt/cold.py, wrun.py). best_fit rows take
-        documents from the whole corpus, so they stay in the uniform order,
-        unhinted, and make_loader warns.
+        about BLOCK_BYTES of stored tokens. One process reading concat rows
+        alone reads each window's documents whole (NOTE [sequence windows] in
+        sequencewindows.py); workers, ranks and pad rows get the kernel
+        hints of a ReadAhead (NOTE [read ahead] in readahead.py) over the
+        documents of the rows (``will_need`` / ``done_with`` of row ranges).
+        Without either the maps kept the kernel's read-around, 8 MiB on this
+        machine's disk for each 4 KiB row: the lmscale benchmark's 1.07 GB
+        folder in a 0.67 GB cgroup read 0.5M tokens/s, 1,107x its ids from
+        disk; with the hints 31.7M at 1.94x (35.2M at 1.58x in a 1 GB
+        cgroup), against 620-700M tokens/s for a sequential read of the
+        files, each row still faulting its pages in (/tmp/lmt/cold.py,
+        wrun.py). best_fit rows take documents from the whole corpus, so
+        they stay in the uniform order, unhinted, and make_loader warns.
         """
         return getattr(self.dataset, "nbytes", None)
 
@@ -381,9 +394,13 @@ class TokenSequences:
         d0 = np.searchsorted(starts, first, side="right") - 1
         d1 = np.searchsorted(starts, last - 1, side="right") - 1
         in_last = last - starts[d1]  # positions of document d1 in the row (its eod too, where past its length)
-        joined = self.dataset.read_token_spans(d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]), dtype)
+        spans = (d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]))
+        joined = None if self._windows is None else self._windows.spans(*spans)  # NOTE [sequence windows]
+        if joined is None:
+            joined = self.dataset.read_token_spans(*spans, dtype)
         if joined is None:
             return None
+        joined = joined.astype(dtype, copy=False)
         counts = d1 - d0 + 1  # segments (documents) of each row
         documents = np.repeat(d0, counts) + counted(counts)
         row_first = np.repeat(first, counts)

@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 from support import run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
+from fastdata.errors import FastPathWarning
 from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX, cu_seqlens
+from fastdata.loading.sequencewindows import SequenceWindows
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 
@@ -267,12 +270,54 @@ def test_a_corpus_bigger_than_memory_is_read_in_blocks_of_sequences(corpus, monk
                         packing=packing)
     blocks = [tuple(row) for batch in small for row in batch["input_ids"].tolist()]
     assert sorted(blocks) == sorted(every) and blocks != every
-    # the kernel is told of the documents of the rows read next (NOTE [read ahead]): ranges exactly covering them
-    assert isinstance(loader.steps.readahead, ReadAhead)
+    # concat rows come from windows read whole (NOTE [sequence windows]), pad rows through hinted maps (NOTE
+    # [read ahead]): the hints' document ranges exactly cover the rows'
+    assert isinstance(loader.steps.readahead, SequenceWindows if packing == "concat" else ReadAhead)
+    if packing == "concat":
+        assert loader.steps.readahead.misses == 0
     for first, stop in [(0, 1), (3, 9), (len(sequences) - 4, len(sequences)), (7, 7)]:
         documents = np.unique(sequences._pieces(np.arange(first, stop))[1])
         expected = [[documents[0], documents[-1] + 1]] if len(documents) else []
         assert sequences._document_ranges(np.array([[first, stop]])).tolist() == expected
+
+
+@pytest.mark.parametrize("tokens_only", [False, True])
+def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole(corpus, monkeypatch, tokens_only):
+    # NOTE [sequence windows]: one process reading alone cuts rows from its windows' ids read whole: the same
+    # batches as through the maps, every one of them from the windows (a row across two shards too)
+    _, folder, _, eod = corpus
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    options = {"shuffle": "block", "block_size": 4, "window": 3, "seed": 3, "seq_len": 97, "eod": eod,
+               "tokens_only": tokens_only}
+    loader = make_loader(dataset, 5, **options)
+    windows, key = loader.steps.readahead, "tokens" if tokens_only else "input_ids"
+    assert isinstance(windows, SequenceWindows) and loader.dataset._windows is windows
+    maps = TokenSequences(open_dataset(folder), 97, eod, tokens_only=tokens_only)  # no windows: the maps
+    for epoch in range(2):
+        orders = list(loader.sampler.batches(epoch, 0))
+        for batch, indices in zip(loader, orders, strict=True):
+            assert torch.equal(batch[key], maps.read_batch(indices)[key])
+    assert windows.misses == 0 and len(windows._held) <= 2
+    windows._reader.join()  # the next epoch's first window, read on the thread, is held once it is read
+    lengths = loader.dataset._stream()[1]
+
+    def held(row):  # whether the windows held read the ids of the row's documents (they read documents whole)
+        (first, stop), = loader.dataset._document_ranges(np.array([[row, row + 1]]))
+        low, high = windows._first[first], windows._first[stop - 1] + lengths[stop - 1]
+        return any(((starts <= low) & (high <= stops)).any() for starts, stops, _, _ in windows._held.values())
+
+    outside = np.array([next(row for row in range(len(maps)) if not held(row))])
+    with warnings.catch_warnings(record=True) as caught:  # a row of no window held: read through the maps, said
+        warnings.simplefilter("always")
+        assert torch.equal(loader.dataset.read_batch(outside)[key], maps.read_batch(outside)[key])
+    assert windows.misses == 1 and [str(w.message)[:48] for w in caught if w.category is FastPathWarning] == [
+        "a batch of sequences lies outside the block orde"]
+    loader.close()
+    assert windows._files is None and not windows._held
+    workers = make_loader(dataset, 5, num_workers=1, **options)  # each worker would read every window: hints
+    assert isinstance(workers.steps.readahead, ReadAhead)
+    workers.close()
 
 
 def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
