@@ -86,14 +86,15 @@ def corpus(workdir, num_docs, seed):
     peers = {"litdata": installed_version("litdata")}
     params = {"docs": num_docs, "seed": seed, "vocab": VOCAB_WORDS, "mean_words": MEAN_WORDS, "zipf": ZIPF,
               "shard_bytes": SHARD_BYTES, **peers}
-    seconds = _cached(workdir, params, lambda: _make(workdir, num_docs, seed))
+    seconds = _cached(workdir, params, lambda: _make(workdir, num_docs, seed, litdata=peers["litdata"] is not None))
     with open(os.path.join(workdir, "facts.json")) as f:
         files = json.load(f)
     return {**files, "made_seconds": seconds}
 
 
-def _make(workdir, num_docs, seed):
-    """Write the documents, train the tokenizer, convert, write train.bin and LitData's chunks; save the facts."""
+def _make(workdir, num_docs, seed, litdata):
+    """Write the documents, train the tokenizer, convert, write train.bin and (``litdata``: where it imports)
+    LitData's chunks; save the facts."""
     import tokenizers
 
     from fastdata import convert_text
@@ -115,9 +116,7 @@ def _make(workdir, num_docs, seed):
     files["tokens"] = _write_stream(folder, files["bin"], files["eod"])
     files["shard_paths"] = _shard_paths(folder)
     files["bytes"] = sum(os.path.getsize(path) for path in files["shard_paths"])
-    from fastdata.measure.machine import installed_version
-
-    if installed_version("litdata"):
+    if litdata:
         files["litdata"] = lm._write_litdata(files["bin"], os.path.join(workdir, "litdata"))
         files["litdata_blocks"] = len(lm._litdata_blocks(files["litdata"], seed))
     with open(os.path.join(workdir, "facts.json"), "w") as f:
