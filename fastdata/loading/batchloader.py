@@ -146,7 +146,9 @@ class BatchLoader(Resumable):
         # of 2 (1.5 MiB) 0.88-0.93, of 4 (3 MiB) 0.95-1.05, of 8 0.79-0.81,
         # of 16 0.64-0.67. Only where nothing else follows the order (no
         # read-ahead hints or windows: the data fits the page cache), for
-        # local raw images; a group that fails to start (an index out of
+        # local raw images, or beside a read-ahead told the group's size
+        # that keeps what the group reads (SequenceWindows.read_in_groups:
+        # NOTE [sequence windows]); a group that fails to start (an index out of
         # range) is read batch by batch, so the error comes where it would.
         # A batch kept alive keeps its group's buffer.
         steps, pending = iter(steps), None  # the last group started, not yet yielded
@@ -339,8 +341,14 @@ class _Cuttable:
 def _read_group(dataset, steps, batch_size):
     """Return how many batches of ``steps`` (a Steps) are read as one: see NOTE [grouped reads]; a dataset with
     ``batches_per_read`` says (NOTE [grouped sequences] in sequences.py)."""
-    if batch_size is None or steps.readahead is not None:
+    if batch_size is None:
         return 1
+    if steps.readahead is not None:  # groups only where the read-ahead keeps what they read (SequenceWindows)
+        if not (hasattr(dataset, "batches_per_read") and hasattr(steps.readahead, "read_in_groups")):
+            return 1
+        group = min(dataset.batches_per_read(batch_size), steps.readahead.batches_per_read(batch_size))
+        steps.readahead.read_in_groups(group)
+        return group
     if hasattr(dataset, "batches_per_read"):
         return dataset.batches_per_read(batch_size)
     if not reads_plainly(dataset) or not dataset.copies_in_background:

@@ -358,19 +358,24 @@ class TokenSequences:
 
     def _token_rows(self, indices):
         """Return the full concat rows ``indices`` as stored ids, ``[N, T + 1]`` of ``dtype`` (NOTE [token rows])."""
-        rows = self._joined_rows(indices, self.dtype)
+        if self._windows is not None and len(indices):  # NOTE [sequence windows]: one gather of the rows
+            rows = self._windows.rows(indices * self.seq_len, self.seq_len + 1)
+            if rows is not None:
+                return rows
+        rows = self._joined_rows(indices, self.dtype, from_windows=False)
         if rows is not None:
             return rows[0]
         pieces = self._from_pieces(indices)  # a row across two files, or a record file's field: by its pieces
         return np.concatenate([pieces["input_ids"], pieces["labels"][:, -1:]], axis=1).astype(self.dtype)
 
-    def _joined_rows(self, indices, dtype):
+    def _joined_rows(self, indices, dtype, from_windows=True):
         """Return ``(tokens [N, T + 1] of dtype, segments)`` of full concat rows read a slice per row, or None.
 
         ``segments``: int64 ``(documents, row_first, begin, end, flat_begin)`` of each row's documents in order:
         the stream positions of the row's first token and of the segment's ``[begin, end)``, and where the
         segment begins in the flattened tokens. None where a row is past the stream's end, lies in two files,
-        or the ids are a record file's field (those are read by their pieces).
+        or the ids are a record file's field (those are read by their pieces). ``from_windows``: take the ids
+        from the SequenceWindows held, where there are some (else from the files).
 
         NOTE [concat rows]: a file stores its documents back to back, so a
         full concat row (all but the stream's last) is one slice of the
@@ -393,20 +398,21 @@ class TokenSequences:
             return None
         d0 = np.searchsorted(starts, first, side="right") - 1
         d1 = np.searchsorted(starts, last - 1, side="right") - 1
-        in_last = last - starts[d1]  # positions of document d1 in the row (its eod too, where past its length)
-        spans = (d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]))
-        joined = None if self._windows is None else self._windows.spans(*spans)  # NOTE [sequence windows]
-        if joined is None:
-            joined = self.dataset.read_token_spans(*spans, dtype)
-        if joined is None:
-            return None
-        joined = joined.astype(dtype, copy=False)
+        held = self._windows.rows(first, width) if from_windows and self._windows is not None else None
+        if held is None:
+            in_last = last - starts[d1]  # positions of document d1 in the row (its eod too, where past its length)
+            joined = self.dataset.read_token_spans(d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]), dtype)
+            if joined is None:
+                return None
+            joined = joined.astype(dtype, copy=False)
         counts = d1 - d0 + 1  # segments (documents) of each row
         documents = np.repeat(d0, counts) + counted(counts)
         row_first = np.repeat(first, counts)
         begin = np.maximum(starts[documents], row_first)  # stream positions of each segment
         end = np.minimum(starts[documents + 1], row_first + width)
         flat_begin = np.repeat(np.arange(batch_size) * width, counts) + begin - row_first
+        if held is not None:
+            return held.astype(dtype, copy=False), (documents, row_first, begin, end, flat_begin)
         eods = (flat_begin + end - begin - 1)[end == starts[documents + 1]]  # segments that hold their eod
         tokens = np.empty((batch_size, width), dtype)
         stored = np.ones(tokens.size, bool)

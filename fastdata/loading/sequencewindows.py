@@ -9,13 +9,24 @@ read amplification, against 507-541M for a sequential read of the files.
 So one process reading alone reads each window's runs with plain preads
 (the pages dropped behind them: the copy here is the one kept) into a
 buffer of its own, the next window on a thread while rows are cut from
-this one; a row is one slice of a buffer. The lmscale section at 661deda:
-tokens_only 98.4M tokens/s at 1.13x (0.18 of the sequential read, 0.92x
-LitData's whole-chunk reads), concat 53.7M; the warm rate is 180.7M, the
-rest is one batch a read (grouped reads stop where a read-ahead follows
-the order). Workers and ranks keep the hints: each would read every
-window. A row outside the windows held (a sampler walked by hand beside
-the loader) is read through the map and warns once.
+this one. The buffer holds the window's stream, not its stored ids: each
+document's end-of-document id is put in once as the window is read (one
+masked copy per CHUNK_IDS, on the thread), so a row is one slice of it and
+a batch of rows one gather of a strided view (8.4 us for 64 rows of 2,049
+against 32 us a slice per row, /tmp/lmt/sw.py). And make_loader reads a
+group of batches at once beside the windows (NOTE [grouped sequences] in
+sequences.py), up to a window's rows: ``advance`` runs the group's steps
+ahead of its reads, so the window of the group's first step is kept until
+the next group's first step leaves it (``read_in_groups``), and two
+windows are held as before. The lmscale folder in a 1 GB cgroup, 8 s a
+row in fresh processes (/tmp/lmt/cold.py): tokens_only 172.7-189.5M
+tokens/s at 1.04-1.08x, against 98.4M at 1.13x a batch a read with the
+end-of-document ids put in per batch (the section at 661deda), LitData
+85.0-125.1M and the sequential read 675M in the same run; the same loader
+over the cached files reads 564M (the rest is the disk and the thread).
+Workers and ranks keep the hints: each would read every window. A row
+outside the windows held (a sampler walked by hand beside the loader) is
+read through the map and warns once.
 """
 
 import os
@@ -28,6 +39,22 @@ from fastdata.errors import FastPathWarning
 from fastdata.formats import column_offsets
 
 READ_BYTES = 16 << 20  # bytes a pread asks for at most
+CHUNK_IDS = 4 << 20  # stored ids read, then spread around their end-of-document ids, at a time
+
+
+class Stream:
+    """A window's stream ids held in memory: runs ``[starts[k], stops[k])`` of stream positions, run ``k`` at
+    ``ids[places[k]:]``; each document followed by its end-of-document id."""
+
+    def __init__(self, starts, stops, places, ids):
+        self.starts, self.stops, self.places, self.ids = starts, stops, places, ids
+        self._rows = {}
+
+    def rows(self, width):
+        """Return the ``[len(ids) - width + 1, width]`` view of every ``width`` ids in a row (no copy)."""
+        if width not in self._rows:
+            self._rows[width] = np.lib.stride_tricks.sliding_window_view(self.ids, width)
+        return self._rows[width]
 
 
 class SequenceWindows:
@@ -47,38 +74,52 @@ class SequenceWindows:
         dataset = sequences.dataset
         self.paths = dataset.shard_paths
         starts, lengths = sequences._stream()
-        self._first = starts[:-1] - np.arange(len(lengths))  # each document's first id among all stored ids
-        self._shard_first = np.append(self._first[dataset.shard_index.starts[:-1]], self._first[-1] + lengths[-1])
+        first = starts[:-1] - np.arange(len(lengths))  # each document's first id among all stored ids
+        self._shard_first = np.append(first[dataset.shard_index.starts[:-1]], first[-1] + lengths[-1])
         self._itemsize = sequences.dtype.itemsize
-        self._epoch, self._window = 0, None
-        self._held, self._lock, self._reader = {}, threading.Lock(), None  # (epoch, window) -> its runs
+        self._epoch, self._first_step, self._window, self._lag = 0, 0, None, 0
+        self._held, self._lock, self._reader = {}, threading.Lock(), None  # (epoch, window) -> its Stream
         self._files = None
-        self.misses = 0  # spans asked for outside the windows held (read through the map instead)
+        self.misses = 0  # batches asked for outside the windows held (read through the map instead)
 
     # ------------------------------------------------------------ ReadsAhead
 
+    def batches_per_read(self, batch_size):
+        """The most batches of ``batch_size`` a loader may read as one here: those of the shortest window, so
+        that a group spans two windows at most (the held ones; see ``read_in_groups``)."""
+        rows = self.order.window * self.order.block_size - self.order.block_size + 1
+        return max(1, rows // max(batch_size, 1))
+
+    def read_in_groups(self, batches):
+        """Be told the loader reads ``batches`` steps as one: ``advance`` then runs that many steps ahead of the
+        reads, so the window of the group's first step stays held until the next group's first step leaves it."""
+        self._lag = max(0, batches - 1)
+
     def start(self, epoch, step):
         """Begin ``epoch`` at ``step``: hold its window, and read the next."""
-        self._epoch, self._window = epoch, None
+        self._epoch, self._first_step, self._window = epoch, step, None
         self.advance(step)
 
     def advance(self, step):
-        """Note that ``step``'s rows are read next: hold their windows, read the one after."""
+        """Note that ``step``'s rows are read next: hold their windows (and those of the steps read with it since
+        ``step - lag``), read the one after."""
         start, stop = self.order.step_positions(step)
         if start >= stop:
             return
         self._open()  # here, before any thread reads
-        window, last = self.order.window_of(self._epoch, start), self.order.window_of(self._epoch, stop - 1)
-        if last != window:  # a step across two windows: the next one's rows are read now too
-            self._hold((self._epoch, last))
-        if window == self._window:
-            return
-        wanted = [(self._epoch, window), self.order.window_after(self._epoch, window)]
-        self._hold(wanted[0])
-        with self._lock:
-            self._held = {key: runs for key, runs in self._held.items() if key in wanted}
-        self._read_later(wanted[1])
-        self._window = window
+        first = self.order.step_positions(max(step - self._lag, self._first_step))[0]
+        window, last = self.order.window_of(self._epoch, first), self.order.window_of(self._epoch, stop - 1)
+        key = (self._epoch, window)
+        if window != self._window:
+            wanted = [key, self.order.window_after(*key)]
+            self._hold(key)
+            with self._lock:
+                self._held = {held: stream for held, stream in self._held.items() if held in wanted}
+            self._read_later(wanted[1])
+            self._window = window
+        while key[1] != last:  # steps across windows: the later ones' rows are read now too
+            key = self.order.window_after(*key)
+            self._hold(key)
 
     def close(self):
         """Wait for the window being read, let the windows go, close the files."""
@@ -98,20 +139,18 @@ class SequenceWindows:
 
     # ------------------------------------------------------------ rows
 
-    def spans(self, first_documents, begins, last_documents, ends):
-        """Return the stored ids of each span (as ``read_token_spans`` takes them), joined, or None where one lies
-        outside the windows held."""
-        low = self._first[first_documents] + begins
-        high = self._first[last_documents] + ends
+    def rows(self, positions, width):
+        """Return the stream's ids ``[p, p + width)`` for each position ``p`` (``[N, width]``, the stored dtype, end-of-
+        document ids in place), or None where one lies outside the windows held."""
         with self._lock:
             held = list(self._held.values())
-        which = np.full(len(low), -1, np.int64)  # the held window of each span, and its place in that one's ids
-        place = np.zeros(len(low), np.int64)
-        for number, (starts, stops, places, _) in enumerate(held):
-            run = np.searchsorted(starts, low, side="right") - 1
-            inside = (which < 0) & (run >= 0) & (high <= stops[np.maximum(run, 0)])
+        which = np.full(len(positions), -1, np.int64)  # the held window of each row, and its place in that one's ids
+        place = np.zeros(len(positions), np.int64)
+        for number, stream in enumerate(held):
+            run = np.searchsorted(stream.starts, positions, side="right") - 1
+            inside = (which < 0) & (run >= 0) & (positions + width <= stream.stops[np.maximum(run, 0)])
             which[inside] = number
-            place[inside] = places[run[inside]] + low[inside] - starts[run[inside]]
+            place[inside] = stream.places[run[inside]] + positions[inside] - stream.starts[run[inside]]
         if (which < 0).any():
             self.misses += 1
             if self.misses == 1:
@@ -120,9 +159,13 @@ class SequenceWindows:
                               "such batch (a loader and a walk of its sampler over one dataset at once do this)",
                               FastPathWarning, stacklevel=4)
             return None
-        pools = [ids for *_, ids in held]
-        return np.concatenate([pools[w][a : a + n] for w, a, n in zip(which.tolist(), place.tolist(),
-                                                                       (high - low).tolist())])
+        if (which == which[0]).all():  # one window: one gather of the rows
+            return held[which[0]].rows(width)[place]
+        out = np.empty((len(positions), width), self.sequences.dtype)
+        for number in np.unique(which).tolist():
+            mine = which == number
+            out[mine] = held[number].rows(width)[place[mine]]
+        return out
 
     # ------------------------------------------------------------ reads
 
@@ -155,20 +198,35 @@ class SequenceWindows:
             self._held[key] = runs
 
     def _read(self, epoch, window):
-        """Read the ids of ``window``'s documents; return its runs ``(starts, stops, places, ids)``."""
+        """Read ``window``'s documents and put their end-of-document ids in; return its Stream."""
+        starts = self.sequences._stream()[0]
         documents = self.sequences._document_ranges(self.order.window_ranges(epoch, window))
-        last = documents[:, 1] - 1
-        low, high = self._first[documents[:, 0]], self._first[last] + self.sequences._stream()[1][last]
-        order = np.argsort(low, kind="stable")
-        low, high = low[order], high[order]
-        new = np.r_[True, low[1:] > np.maximum.accumulate(high)[:-1]]  # a run starts past every span before it
-        starts = low[new]
-        stops = np.maximum.reduceat(high, np.flatnonzero(new))
-        places = np.r_[0, np.cumsum(stops - starts)[:-1]]
-        ids = np.empty(int((stops - starts).sum()), self.sequences.dtype)
-        for start, stop, place in zip(starts.tolist(), stops.tolist(), places.tolist()):
-            self._read_run(start, stop, ids[place : place + stop - start])
-        return starts, stops, places, ids
+        documents = documents[np.argsort(documents[:, 0], kind="stable")]
+        new = np.r_[True, documents[1:, 0] > np.maximum.accumulate(documents[:, 1])[:-1]]  # runs of documents
+        firsts = documents[new, 0]
+        stops = np.maximum.reduceat(documents[:, 1], np.flatnonzero(new))
+        places = np.r_[0, np.cumsum(starts[stops] - starts[firsts])[:-1]]
+        ids = np.empty(int((starts[stops] - starts[firsts]).sum()), self.sequences.dtype)
+        for first, stop, place in zip(firsts.tolist(), stops.tolist(), places.tolist()):
+            self._read_documents(first, stop, ids[place : place + int(starts[stop] - starts[first])])
+        return Stream(starts[firsts], starts[stops], places, ids)
+
+    def _read_documents(self, first, stop, into):
+        """Read documents ``[first, stop)`` into ``into``, each followed by the end-of-document id, CHUNK_IDS of
+        stored ids at a time (one read and one masked copy each)."""
+        starts = self.sequences._stream()[0]
+        while first < stop:
+            last = max(first + 1, min(stop, int(np.searchsorted(starts, starts[first] + CHUNK_IDS, side="right")) - 1))
+            low, high = int(starts[first]) - first, int(starts[last]) - last  # the stored ids of first..last - 1
+            stored = np.empty(high - low, self.sequences.dtype)
+            self._read_run(low, high, stored)
+            chunk = into[: int(starts[last] - starts[first])]
+            eods = starts[first + 1 : last + 1] - 1 - starts[first]  # where each document's end-of-document id goes
+            kept = np.ones(len(chunk), bool)
+            kept[eods] = False
+            chunk[kept] = stored
+            chunk[eods] = self.sequences.eod
+            into, first = into[len(chunk) :], last
 
     def _read_run(self, start, stop, into):
         """Read stored ids ``[start, stop)`` into ``into``, shard by shard, dropping their pages from the cache."""

@@ -281,16 +281,19 @@ def test_a_corpus_bigger_than_memory_is_read_in_blocks_of_sequences(corpus, monk
         assert sequences._document_ranges(np.array([[first, stop]])).tolist() == expected
 
 
-@pytest.mark.parametrize("tokens_only", [False, True])
-def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole(corpus, monkeypatch, tokens_only):
+@pytest.mark.parametrize(("tokens_only", "batch_size", "group"), [(False, 5, 1), (True, 5, 1), (False, 2, 4),
+                                                                   (True, 2, 4), (True, 1, 9)])
+def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole(corpus, monkeypatch, tokens_only,
+                                                                                batch_size, group):
     # NOTE [sequence windows]: one process reading alone cuts rows from its windows' ids read whole: the same
-    # batches as through the maps, every one of them from the windows (a row across two shards too)
-    _, folder, _, eod = corpus
+    # batches as through the maps, every one of them from the windows (a row across two shards too), read a
+    # group of batches at a time where a window holds the group (windows of 12 rows: groups of 9 rows at most)
+    _, folder, documents, eod = corpus
     dataset = open_dataset(folder)
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     options = {"shuffle": "block", "block_size": 4, "window": 3, "seed": 3, "seq_len": 97, "eod": eod,
                "tokens_only": tokens_only}
-    loader = make_loader(dataset, 5, **options)
+    loader = make_loader(dataset, batch_size, **options)
     windows, key = loader.steps.readahead, "tokens" if tokens_only else "input_ids"
     assert isinstance(windows, SequenceWindows) and loader.dataset._windows is windows
     maps = TokenSequences(open_dataset(folder), 97, eod, tokens_only=tokens_only)  # no windows: the maps
@@ -298,14 +301,16 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
         orders = list(loader.sampler.batches(epoch, 0))
         for batch, indices in zip(loader, orders, strict=True):
             assert torch.equal(batch[key], maps.read_batch(indices)[key])
-    assert windows.misses == 0 and len(windows._held) <= 2
+    assert windows.misses == 0 and len(windows._held) <= 2 and windows._lag == group - 1
+    stream = _stream(documents, eod)
+    for held in windows._held.values():  # a window holds its documents' stream: ids and end-of-document ids
+        for start, stop, place in zip(held.starts, held.stops, held.places):
+            assert np.array_equal(held.ids[place : place + stop - start], stream[start:stop])
     windows._reader.join()  # the next epoch's first window, read on the thread, is held once it is read
-    lengths = loader.dataset._stream()[1]
 
-    def held(row):  # whether the windows held read the ids of the row's documents (they read documents whole)
-        (first, stop), = loader.dataset._document_ranges(np.array([[row, row + 1]]))
-        low, high = windows._first[first], windows._first[stop - 1] + lengths[stop - 1]
-        return any(((starts <= low) & (high <= stops)).any() for starts, stops, _, _ in windows._held.values())
+    def held(row):  # whether the windows held read the stream positions of the row
+        low, high = row * 97, row * 97 + 98
+        return any(((held.starts <= low) & (high <= held.stops)).any() for held in windows._held.values())
 
     outside = np.array([next(row for row in range(len(maps)) if not held(row))])
     with warnings.catch_warnings(record=True) as caught:  # a row of no window held: read through the maps, said
@@ -315,7 +320,14 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
         "a batch of sequences lies outside the block orde"]
     loader.close()
     assert windows._files is None and not windows._held
-    workers = make_loader(dataset, 5, num_workers=1, **options)  # each worker would read every window: hints
+    resumed = make_loader(dataset, batch_size, **options)  # resumed mid-epoch, mid-group: the same batches
+    resumed.load_state_dict({**loader.state_dict(), "epoch": 1, "samples_consumed": 7 * batch_size})
+    rest = list(loader.sampler.batches(1, 7))
+    for batch, indices in zip(resumed, rest, strict=True):
+        assert torch.equal(batch[key], maps.read_batch(indices)[key])
+    assert resumed.steps.readahead.misses == 0
+    resumed.close()
+    workers = make_loader(dataset, batch_size, num_workers=1, **options)  # each worker would read every window
     assert isinstance(workers.steps.readahead, ReadAhead)
     workers.close()
 
