@@ -327,6 +327,9 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
     if remote and dataset.prefetch != 0:  # see NOTE [remote read-ahead] in remote.py
         ahead = prefetch_shards(dataset, sampler.order)
         return ShardReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, ahead)
+    alone = one_reader and sampler.world_size == 1
+    if fits and alone and isinstance(dataset, TokenSequences):  # see NOTE [whole stream] in sequencewindows.py
+        return dataset.hold_stream(sampler.order)
     if fits:
         # NOTE [hints past the cache]: the kernel hints of a ReadAhead (NOTE
         # [read ahead] in readahead.py) cost more than they give while the
@@ -340,7 +343,7 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
     # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
     # reads] in windows.py, NOTE [sequence windows] in sequencewindows.py); workers and ranks share their
     # reads through the page cache.
-    alone = sampler.shuffle == "block" and one_reader and sampler.world_size == 1
+    alone = alone and sampler.shuffle == "block"
     if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: concat rows in windows, else hints
         windows = dataset.read_windows(sampler.order) if alone else None
         return windows or ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)

@@ -37,7 +37,7 @@ from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.records import RecordDataset
-from fastdata.loading.sequencewindows import SequenceWindows
+from fastdata.loading.sequencewindows import HOLD_BYTES, SequenceWindows, WholeStream
 from fastdata.reading.packing import best_fit_rows, counted
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
@@ -121,6 +121,18 @@ class TokenSequences:
         if (self.packing != "concat" or self.field is not None or self.is_remote or order.shuffle != "block"):
             return None
         self._windows = SequenceWindows(self, order)
+        return self._windows
+
+    def hold_stream(self, order):
+        """Cut concat rows from the stream of every document held in memory from now on; return the WholeStream,
+        or None where it does not apply (another packing, a record field, a URL, a stream over HOLD_BYTES).
+
+        See NOTE [whole stream] in sequencewindows.py; for one process reading alone a corpus that fits.
+        """
+        if (self.packing != "concat" or self.field is not None or self.is_remote
+                or int(self._stream()[0][-1]) * self.dtype.itemsize > HOLD_BYTES):
+            return None
+        self._windows = WholeStream(self, order)
         return self._windows
 
     def _stream(self):
@@ -317,9 +329,7 @@ class TokenSequences:
     def _batches(self, indices, sizes, pin_memory):
         """Return the dict batches of ``sizes`` consecutive rows of ``indices`` (checked), read as one."""
         if self.tokens_only:  # see NOTE [token rows]
-            tokens = torch.from_numpy(self._token_rows(indices))
-            bounds = np.cumsum([0, *sizes]).tolist()
-            batches = [{"tokens": tokens[first:stop]} for first, stop in zip(bounds, bounds[1:])]
+            batches = [{"tokens": tokens} for tokens in torch.from_numpy(self._token_rows(indices)).split(sizes)]
             return [{"tokens": batch["tokens"].pin_memory()} for batch in batches] if pin_memory else batches
         rows = self._concat_rows(indices)
         rows, cuts = rows if rows is not None else (self._from_pieces(indices), None)

@@ -14,7 +14,7 @@ from support import run_cli, stored_sequences
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.errors import FastPathWarning
 from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX, cu_seqlens
-from fastdata.loading.sequencewindows import SequenceWindows
+from fastdata.loading.sequencewindows import SequenceWindows, WholeStream
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 
@@ -330,6 +330,37 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
     workers = make_loader(dataset, batch_size, num_workers=1, **options)  # each worker would read every window
     assert isinstance(workers.steps.readahead, ReadAhead)
     workers.close()
+
+
+@pytest.mark.parametrize("tokens_only", [False, True])
+def test_concat_rows_of_a_corpus_that_fits_come_from_its_whole_stream_held(corpus, tmp_path_factory, monkeypatch,
+                                                                            tokens_only):
+    # NOTE [whole stream]: one process reading alone a corpus that fits holds its stream and cuts every batch from
+    # it: the same batches as through the maps, in any order, read before the first epoch and after close too
+    path, folder, documents, eod = corpus
+    key, stream = "tokens" if tokens_only else "input_ids", _stream(documents, eod)
+    for source, shuffle in [(path, True), (folder, "uniform"), (folder, False)]:
+        loader = make_loader(open_dataset(source), 3, shuffle=shuffle, seed=5, seq_len=61, eod=eod,
+                             tokens_only=tokens_only)
+        held, maps = loader.steps.readahead, TokenSequences(open_dataset(source), 61, eod, tokens_only=tokens_only)
+        assert isinstance(held, WholeStream) and loader.dataset._windows is held
+        early = np.array([len(maps) - 1, 0, 5])  # before the first epoch: the stream is read for it
+        assert torch.equal(loader.dataset.read_batch(early)[key], maps.read_batch(early)[key])
+        assert held._files is None  # read once: its files closed
+        for epoch in range(2):
+            for batch, indices in zip(loader, list(loader.sampler.batches(epoch, 0)), strict=True):
+                assert torch.equal(batch[key], maps.read_batch(indices)[key])
+        assert held.misses == 0 and np.array_equal(held._held[("all",)].ids, stream)
+        loader.close()
+        assert not held._held and held._files is None
+    dataset = open_dataset(folder)
+    assert make_loader(dataset, 3, num_workers=1, seq_len=61, eod=eod).steps.readahead is None  # each would hold one
+    assert make_loader(dataset, 3, rank=0, world_size=2, seq_len=61, eod=eod).steps.readahead is None
+    assert make_loader(dataset, 3, seq_len=61, eod=eod, packing="pad").steps.readahead is None
+    records = _records(corpus, tmp_path_factory)  # a record file's tokens field: read by its pieces
+    assert make_loader(records, 3, seq_len=61, eod=eod).steps.readahead is None
+    monkeypatch.setattr("fastdata.loading.sequences.HOLD_BYTES", len(stream) * 2 - 1)  # a stream over the bound
+    assert make_loader(dataset, 3, seq_len=61, eod=eod).steps.readahead is None
 
 
 def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
