@@ -37,8 +37,9 @@ from fastdata.errors import OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.records import RecordDataset
-from fastdata.loading.sequencewindows import HOLD_BYTES, SequenceWindows, WholeStream
+from fastdata.loading.sequencewindows import HOLD_SHARE, SequenceWindows, WholeStream
 from fastdata.reading.packing import best_fit_rows, counted
+from fastdata.reading.shuffles import available_memory
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
 GROUP_TOKENS = 1 << 17  # tokens of concat rows read as one; see NOTE [grouped sequences]
@@ -125,12 +126,13 @@ class TokenSequences:
 
     def hold_stream(self, order):
         """Cut concat rows from the stream of every document held in memory from now on; return the WholeStream,
-        or None where it does not apply (another packing, a record field, a URL, a stream over HOLD_BYTES).
+        or None where it does not apply (another packing, a record field, a URL, a stream over HOLD_SHARE of the
+        memory available).
 
         See NOTE [whole stream] in sequencewindows.py; for one process reading alone a corpus that fits.
         """
         if (self.packing != "concat" or self.field is not None or self.is_remote
-                or int(self._stream()[0][-1]) * self.dtype.itemsize > HOLD_BYTES):
+                or int(self._stream()[0][-1]) * self.dtype.itemsize > HOLD_SHARE * available_memory()[0]):
             return None
         self._windows = WholeStream(self, order)
         return self._windows

@@ -37,11 +37,10 @@ import numpy as np
 
 from fastdata.errors import FastPathWarning
 from fastdata.formats import column_offsets
-from fastdata.reading.shuffles import BLOCK_BYTES, WINDOW_BLOCKS
 
 READ_BYTES = 16 << 20  # bytes a pread asks for at most
 CHUNK_IDS = 4 << 20  # stored ids read, then spread around their end-of-document ids, at a time
-HOLD_BYTES = 2 * WINDOW_BLOCKS * BLOCK_BYTES  # the most stream bytes WholeStream holds: NOTE [whole stream]
+HOLD_SHARE = 0.25  # the share of available memory a stream WholeStream holds may take: NOTE [whole stream]
 GROUP_ANY = 1 << 30  # batches read as one beside WholeStream: no bound of its own
 WHOLE = ("all",)  # WholeStream's key of its one Stream
 
@@ -72,6 +71,8 @@ class SequenceWindows:
         sequences: the TokenSequences.
         order: its EpochOrder (``shuffle="block"``).
     """
+
+    drop_behind = True  # drop the pages read from the page cache: the copy held here is the one kept
 
     def __init__(self, sequences, order):
         self.sequences, self.order = sequences, order
@@ -253,7 +254,8 @@ class SequenceWindows:
                     raise OSError(f"{self.paths[shard]!r} ended at byte {offset + done}, inside its token ids: "
                                   "the file changed since it was opened; open the dataset again")
                 done += got
-            os.posix_fadvise(files[shard], offset, len(view), os.POSIX_FADV_DONTNEED)
+            if self.drop_behind:
+                os.posix_fadvise(files[shard], offset, len(view), os.POSIX_FADV_DONTNEED)
             into, start = into[end - start :], end
         return into
 
@@ -274,17 +276,22 @@ class WholeStream(SequenceWindows):
     NOTE [whole stream]: a uniform order's rows lie anywhere, so a corpus
     that fits in the page cache was read through its maps, each row's
     stored ids joined and the end-of-document ids put in per batch (NOTE
-    [concat rows] in sequences.py). A process reading alone holds two
-    windows of a block order, WINDOW_BLOCKS x BLOCK_BYTES each, when the
-    corpus does not fit; one whose stream takes no more (HOLD_BYTES) holds
-    all of it instead, read once from the cache (its files closed after),
-    and cuts every batch as the windows do. The lm benchmark's file (58 MB,
+    [concat rows] in sequences.py). A process reading alone a corpus whose
+    stream takes at most HOLD_SHARE of the memory it may fill (reading/
+    shuffles.available_memory: the system's or its cgroup's) holds all of
+    it instead, read once from the cache when the first epoch starts (its
+    files closed after, its pages left cached: the corpus fits), and cuts
+    every batch as the windows do. Holding is a read path, not an order:
+    the same batches come either way, so it may follow this machine's
+    memory. The lm benchmark's file (58 MB,
     28.9M tokens), warm, batches of 8 x 2048 through make_loader(shuffle=
     True, tokens_only=True), 3 epochs in one process (/tmp/lmt/tp.py):
     11.8-12.7 us a batch against 55-72 us through the maps, and 10.8-11.5
     us for the copy of the same rows from a plain view of nanoGPT's map
     beside it. Workers and ranks keep the maps: each would hold a copy.
     """
+
+    drop_behind = False  # the corpus fits in the page cache: its pages stay for the next reader
 
     def batches_per_read(self, batch_size):
         """Any group: every row is held."""

@@ -359,7 +359,8 @@ def test_concat_rows_of_a_corpus_that_fits_come_from_its_whole_stream_held(corpu
     assert make_loader(dataset, 3, seq_len=61, eod=eod, packing="pad").steps.readahead is None
     records = _records(corpus, tmp_path_factory)  # a record file's tokens field: read by its pieces
     assert make_loader(records, 3, seq_len=61, eod=eod).steps.readahead is None
-    monkeypatch.setattr("fastdata.loading.sequences.HOLD_BYTES", len(stream) * 2 - 1)  # a stream over the bound
+    room = (len(stream) * 2 * 4 - 1, "test")  # a stream over a quarter of the memory available: the maps
+    monkeypatch.setattr("fastdata.loading.sequences.available_memory", lambda: room)
     assert make_loader(dataset, 3, seq_len=61, eod=eod).steps.readahead is None
 
 
