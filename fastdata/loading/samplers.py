@@ -261,7 +261,7 @@ class BatchIndexSampler(EpochSampler):
 
     def _chunk(self, epoch, steps):
         """Return this rank's sorted batch of each of ``steps`` (a range), from one ``order.samples`` call."""
-        bounds = np.array([self.order.step_positions(step, self.rank, self.world_size) for step in steps])
+        bounds = self.order.steps_positions(steps, self.rank, self.world_size)
         sizes = bounds[:, 1] - bounds[:, 0]
         if np.all(sizes == sizes[0]):  # every batch full: one [steps, batch] array sorted along its rows
             positions = bounds[:, :1] + np.arange(sizes[0], dtype=np.int64)

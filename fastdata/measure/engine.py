@@ -170,9 +170,18 @@ def consume(loader, key=None):
 def touch(tensor):
     """Read the last element of ``tensor``, as a step that uses the batch would; copy nothing.
 
-    (``tensor.reshape(-1)`` would copy a whole channels_last JPEG batch.)
+    (``tensor.reshape(-1)`` would copy a whole channels_last JPEG batch.) A
+    CPU tensor numpy can view is read through that view: 2.1 us against 5.0
+    us for torch's indexing (an [8, 2049] uint16 batch), more than half of
+    what the lm section's copy limit spends on a batch.
     """
-    return int(tensor[(-1,) * tensor.dim()])
+    index = (-1,) * tensor.dim()
+    if tensor.device.type == "cpu":
+        try:
+            return tensor.numpy()[index].item()
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), or a tensor that needs grad
+            pass
+    return tensor[index].item()
 
 
 def close_loader(loader):

@@ -187,6 +187,19 @@ class EpochOrder:
         start = step * self.global_batch + rank * share
         return min(start, self.epoch_length), min(start + share, self.epoch_length)
 
+    def steps_positions(self, steps: range, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        """Return int64 ``[len(steps), 2]``: ``step_positions`` of each of ``steps`` (a range of this epoch's), as
+        one array (the sampler's chunks: ~1.5 us a step in Python)."""
+        if not len(steps):
+            return np.zeros((0, 2), np.int64)
+        first = self.step_positions(steps[0], rank, world_size)  # checks the world size
+        starts = np.arange(len(steps), dtype=np.int64) * (steps.step * self.global_batch) + first[0]
+        bounds = np.minimum(np.stack([starts, starts + (self.global_batch // world_size)], axis=1), self.epoch_length)
+        bounds[0] = first
+        if len(steps) > 1 and steps[-1] == self.num_steps - 1:  # the last step may be short or shared evenly
+            bounds[-1] = self.step_positions(steps[-1], rank, world_size)
+        return bounds
+
     def batch(self, epoch: int, step: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
         """Return the sorted int64 sample indices ``rank`` reads at global ``step`` of ``epoch``."""
         start, stop = self.step_positions(step, rank, world_size)

@@ -14,7 +14,7 @@ from fastdata.codecs.tokenizers import Tokenizer
 from fastdata.converters import find_images, find_texts
 from fastdata.measure.baselines import PadCollate, RawFolderDataset, RawTextDataset
 from fastdata.measure.bench import bench_file, format_results, results_table
-from fastdata.measure.engine import consume, measure_loader, measure_rate
+from fastdata.measure.engine import consume, measure_loader, measure_rate, touch
 from fastdata.measure.memory import memory_growth, process_memory, worker_pids
 from fastdata.measure.synthetic import make_text_corpus
 
@@ -245,3 +245,11 @@ def test_cli_bench_plot_without_matplotlib(small_photos, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     line = one_error_line(run_cli("bench", small_photos[1]["raw"], "--quick", "--plot", tmp_path / "p.png"))
     assert "pip install 'fastdata[plot]'" in line
+
+
+def test_touch_reads_the_last_element_of_any_batch_tensor():
+    # consume()'s touch: through a numpy view where there is one, else torch's indexing (bfloat16, grad)
+    values = torch.arange(24).reshape(2, 3, 4)
+    for tensor in (values, values.to(torch.uint16), values.permute(0, 2, 1), values.float().requires_grad_(),
+                   values.to(torch.bfloat16), torch.tensor(7)):
+        assert touch(tensor) == tensor[(-1,) * tensor.dim()].item()

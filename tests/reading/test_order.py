@@ -1,5 +1,7 @@
 """The epoch order: keyed bijections, block windows, global batches and rank slices."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -124,3 +126,24 @@ def test_the_order_of_a_billion_samples_needs_no_permutation_of_them():
         tracemalloc.stop()
     assert len(np.unique(batch)) == 512 and batch.max() < 10**9
     assert peak < 2 << 20, peak  # a permutation would be 8 GB
+
+
+@given(num_samples=st.integers(0, 500), share=st.integers(1, 40), world_size=st.integers(1, 4),
+       remainder=st.sampled_from(["partial", "pad", "drop"]), data=st.data())
+def test_the_positions_of_a_range_of_steps_are_each_steps_positions(num_samples, share, world_size, remainder, data):
+    # the sampler's chunks take a range of steps' positions as one array: the same as step by step
+    order = EpochOrder(num_samples, share * world_size, remainder=remainder)
+    rank = data.draw(st.integers(0, world_size - 1))
+    first = data.draw(st.integers(0, max(order.num_steps - 1, 0)))
+    steps = range(first, data.draw(st.integers(first, order.num_steps)))
+
+    def one_by_one():
+        return [list(order.step_positions(step, rank, world_size)) for step in steps]
+
+    try:
+        expected = one_by_one()
+    except OptionError as error:  # a partial last batch the ranks cannot share: refused alike
+        with pytest.raises(OptionError, match=re.escape(str(error))):
+            order.steps_positions(steps, rank, world_size)
+        return
+    assert order.steps_positions(steps, rank, world_size).tolist() == (expected or [])
