@@ -6,24 +6,36 @@ are a few long runs of each shard file. Read through the memory map with
 kernel hints, every row still faulted its pages in: the lmscale folder
 (1.07 GB, 16 shards) in a 1 GB memory cgroup gave 37.5M tokens/s at 1.20x
 read amplification, against 507-541M for a sequential read of the files.
-So one process reading alone reads each window's runs with plain preads
-(the pages dropped behind them: the copy here is the one kept) into a
+So one process reading alone reads each window's runs itself into a
 buffer of its own, the next window on a thread while rows are cut from
 this one. The buffer holds the window's stream, not its stored ids: each
 document's end-of-document id is put in once as the window is read (one
-masked copy per CHUNK_IDS, on the thread), so a row is one slice of it and
-a batch of rows one gather of a strided view (8.4 us for 64 rows of 2,049
-against 32 us a slice per row, /tmp/lmt/sw.py). And make_loader reads a
-group of batches at once beside the windows (NOTE [grouped sequences] in
+masked copy per CHUNK_IDS), so a row is one slice of it and a batch of
+rows one gather of a strided view (8.4 us for 64 rows of 2,049 against
+32 us a slice per row, /tmp/lmt/sw.py). And make_loader reads a group of
+batches at once beside the windows (NOTE [grouped sequences] in
 sequences.py), up to a window's rows: ``advance`` runs the group's steps
 ahead of its reads, so the window of the group's first step is kept until
 the next group's first step leaves it (``read_in_groups``), and two
-windows are held as before. The lmscale folder in a 1 GB cgroup, 8 s a
-row in fresh processes (/tmp/lmt/cold.py): tokens_only 172.7-189.5M
-tokens/s at 1.04-1.08x, against 98.4M at 1.13x a batch a read with the
-end-of-document ids put in per batch (the section at 661deda), LitData
-85.0-125.1M and the sequential read 675M in the same run; the same loader
-over the cached files reads 564M (the rest is the disk and the thread).
+windows are held as before. A window's shards are read at once, each on a
+thread of READ_THREADS in file order (one stream per shard suits this
+virtual disk: NOTE [window reads] in reading/windows.py), with direct I/O
+where the files take it (aligned blocks into an aligned buffer per thread,
+the ids cut from there by the masked copy; else buffered preads, their
+pages dropped behind), into the memory of the window let go last (no new
+pages to fault in and zero). The lmscale folder in a 1.07 GB cgroup, 8 s
+a row in fresh processes, each step measured in turn against the one
+before (/tmp/lmt/cold.py): at 661deda a batch a read with the
+end-of-document ids put in per batch 98.4M tokens/s at 1.13x; windows of
+the stream and groups 172.7-189.5M at 1.04-1.08x (LitData 85.0-125.1M);
+buffered reads of the shards on 16 threads 188-191M against 149-157M on
+one; direct I/O and reused memory 236.6-236.8M at 1.09x, against the
+sequential read of the files 665-685M and LitData 82.0M in the same run.
+What is left is CPU on 2 cores: an epoch after its first window takes
+1.4-2.3 s, with 1.4-2.4 s of user and 0.4-0.5 s of system time
+(/tmp/lmt/wtime.py); beside the reads the loader's own per-batch Python
+runs 3-5x slower than warm (cProfile: torch's split 51 us a group against
+8 us), and the masked copies take ~0.64 ns a token (/tmp/lmt/maskb.py).
 Workers and ranks keep the hints: each would read every window. A row
 outside the windows held (a sampler walked by hand beside the loader) is
 read through the map and warns once.
@@ -32,14 +44,18 @@ read through the map and warns once.
 import os
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from fastdata.errors import FastPathWarning
 from fastdata.formats import column_offsets
+from fastdata.reading.windows import direct_alignment
 
 READ_BYTES = 16 << 20  # bytes a pread asks for at most
-CHUNK_IDS = 4 << 20  # stored ids read, then spread around their end-of-document ids, at a time
+CHUNK_IDS = 1 << 20  # stored ids read, then spread around their end-of-document ids, at a time (per thread)
+READ_THREADS = 16  # shards of a window read at once
+SPARE_ROOM = 1.05  # a window's memory is made this much larger than its ids, so the next ones fit in it again
 HOLD_SHARE = 0.25  # the share of available memory a stream WholeStream holds may take: NOTE [whole stream]
 GROUP_ANY = 1 << 30  # batches read as one beside WholeStream: no bound of its own
 WHOLE = ("all",)  # WholeStream's key of its one Stream
@@ -47,10 +63,10 @@ WHOLE = ("all",)  # WholeStream's key of its one Stream
 
 class Stream:
     """A window's stream ids held in memory: runs ``[starts[k], stops[k])`` of stream positions, run ``k`` at
-    ``ids[places[k]:]``; each document followed by its end-of-document id."""
+    ``ids[places[k]:]``; each document followed by its end-of-document id. ``memory``: the array ``ids`` begins."""
 
-    def __init__(self, starts, stops, places, ids):
-        self.starts, self.stops, self.places, self.ids = starts, stops, places, ids
+    def __init__(self, starts, stops, places, ids, memory):
+        self.starts, self.stops, self.places, self.ids, self.memory = starts, stops, places, ids, memory
         self._rows = {}
 
     def rows(self, width):
@@ -84,7 +100,9 @@ class SequenceWindows:
         self._itemsize = sequences.dtype.itemsize
         self._epoch, self._first_step, self._window, self._lag = 0, 0, None, 0
         self._held, self._lock, self._reader = {}, threading.Lock(), None  # (epoch, window) -> its Stream
-        self._files = None
+        self._files = self._pool = None  # this process's descriptors, and the threads that read a window's shards
+        self._alignment, self._local = None, threading.local()  # direct I/O's (None: buffered); each thread's buffer
+        self._spare = None  # the memory of the window let go last: the next window is read into it (no new pages)
         self.misses = 0  # batches asked for outside the windows held (read through the map instead)
 
     # ------------------------------------------------------------ ReadsAhead
@@ -119,7 +137,9 @@ class SequenceWindows:
             wanted = [key, self.order.window_after(*key)]
             self._hold(key)
             with self._lock:
+                dropped = [stream.memory for held, stream in self._held.items() if held not in wanted]
                 self._held = {held: stream for held, stream in self._held.items() if held in wanted}
+                self._spare = max(dropped, key=len, default=self._spare)  # the next window is read into it
             self._read_later(wanted[1])
             self._window = window
         while key[1] != last:  # steps across windows: the later ones' rows are read now too
@@ -130,20 +150,24 @@ class SequenceWindows:
         """Wait for the window being read, let the windows go, close the files."""
         if self._reader is not None:
             self._reader.join()
-        self._reader, self._held, self._window = None, {}, None
+        self._reader, self._held, self._window, self._spare = None, {}, None, None
         self._close_files()
 
     def _close_files(self):
+        """Close the files, and end the threads that read them."""
+        if self._pool is not None:
+            self._pool.shutdown()
         if self._files is not None:
             for descriptor in self._files:
                 os.close(descriptor)
-        self._files = None
+        self._files = self._pool = None
 
     def __getstate__(self):
-        return {**self.__dict__, "_held": {}, "_lock": None, "_reader": None, "_files": None, "_window": None}
+        return {**self.__dict__, "_held": {}, "_lock": None, "_reader": None, "_files": None, "_pool": None,
+                "_window": None, "_local": None, "_spare": None}
 
     def __setstate__(self, state):
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.update(state, _lock=threading.Lock(), _local=threading.local())
 
     # ------------------------------------------------------------ rows
 
@@ -217,10 +241,28 @@ class SequenceWindows:
         firsts = documents[new, 0]
         stops = np.maximum.reduceat(documents[:, 1], np.flatnonzero(new))
         places = np.r_[0, np.cumsum(starts[stops] - starts[firsts])[:-1]]
-        ids = np.empty(int((starts[stops] - starts[firsts]).sum()), self.sequences.dtype)
+        size = int((starts[stops] - starts[firsts]).sum())
+        with self._lock:
+            memory, self._spare = self._spare, None
+        if memory is None or len(memory) < size:  # see SPARE_ROOM
+            memory = np.empty(int(size * SPARE_ROOM), self.sequences.dtype)
+        ids = memory[:size]
+        shard_starts = self.sequences.dataset.shard_index.starts  # each shard's first document
+        pieces = {}  # shard -> its runs' documents (first, stop, place in ids), in file order
         for first, stop, place in zip(firsts.tolist(), stops.tolist(), places.tolist()):
-            self._read_documents(first, stop, ids[place : place + int(starts[stop] - starts[first])])
-        return Stream(starts[firsts], starts[stops], places, ids)
+            while first < stop:  # a run cut where a shard ends
+                shard = int(np.searchsorted(shard_starts, first, side="right")) - 1
+                end = min(stop, int(shard_starts[shard + 1]))
+                pieces.setdefault(shard, []).append((first, end, place))
+                place, first = place + int(starts[end] - starts[first]), end
+
+        def read_shard(runs):
+            for first, stop, place in runs:
+                self._read_documents(first, stop, ids[place : place + int(starts[stop] - starts[first])])
+
+        self._open()
+        list(self._pool.map(read_shard, pieces.values()))
+        return Stream(starts[firsts], starts[stops], places, ids, memory)
 
     def _read_documents(self, first, stop, into):
         """Read documents ``[first, stop)`` into ``into``, each followed by the end-of-document id, CHUNK_IDS of
@@ -229,8 +271,7 @@ class SequenceWindows:
         while first < stop:
             last = max(first + 1, min(stop, int(np.searchsorted(starts, starts[first] + CHUNK_IDS, side="right")) - 1))
             low, high = int(starts[first]) - first, int(starts[last]) - last  # the stored ids of first..last - 1
-            stored = np.empty(high - low, self.sequences.dtype)
-            self._read_run(low, high, stored)
+            stored = self._read_stored(low, high)
             chunk = into[: int(starts[last] - starts[first])]
             eods = starts[first + 1 : last + 1] - 1 - starts[first]  # where each document's end-of-document id goes
             kept = np.ones(len(chunk), bool)
@@ -239,25 +280,33 @@ class SequenceWindows:
             chunk[eods] = self.sequences.eod
             into, first = into[len(chunk) :], last
 
-    def _read_run(self, start, stop, into):
-        """Read stored ids ``[start, stop)`` into ``into``, shard by shard, dropping their pages from the cache."""
+    def _read_stored(self, start, stop):
+        """Return stored ids ``[start, stop)`` of one shard, read from its file into this thread's buffer (a view of
+        it), with direct I/O where the files take it, else dropping their pages from the cache behind."""
         files = self._open()
-        while start < stop:
-            shard = int(np.searchsorted(self._shard_first, start, side="right")) - 1
-            end = min(stop, int(self._shard_first[shard + 1]))
-            offset = self._columns[shard] + (start - int(self._shard_first[shard])) * self._itemsize
-            view = memoryview(into[: end - start]).cast("B")
-            done = 0
-            while done < len(view):
-                got = os.preadv(files[shard], [view[done : done + READ_BYTES]], offset + done)
-                if got <= 0:
-                    raise OSError(f"{self.paths[shard]!r} ended at byte {offset + done}, inside its token ids: "
-                                  "the file changed since it was opened; open the dataset again")
-                done += got
-            if self.drop_behind:
-                os.posix_fadvise(files[shard], offset, len(view), os.POSIX_FADV_DONTNEED)
-            into, start = into[end - start :], end
-        return into
+        shard = int(np.searchsorted(self._shard_first, start, side="right")) - 1
+        offset = self._columns[shard] + (start - int(self._shard_first[shard])) * self._itemsize
+        size, align = (stop - start) * self._itemsize, self._alignment or 1
+        low = offset // align * align  # direct I/O reads whole aligned blocks into aligned memory
+        view = self._buffer(-(-(offset + size) // align) * align - low, align)
+        done = 0
+        while done < offset + size - low:
+            got = os.preadv(files[shard], [view[done : done + READ_BYTES]], low + done)
+            if got <= 0:
+                raise OSError(f"{self.paths[shard]!r} ended at byte {low + done}, inside its token ids: the file "
+                              "changed since it was opened; open the dataset again")
+            done += got
+        if self.drop_behind and self._alignment is None:
+            os.posix_fadvise(files[shard], offset, size, os.POSIX_FADV_DONTNEED)
+        return np.frombuffer(view, self.sequences.dtype, stop - start, offset - low)
+
+    def _buffer(self, size, align):
+        """Return this thread's buffer of ``size`` bytes at an ``align``-aligned address (a memoryview)."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or len(buffer) < size + align:
+            buffer = self._local.buffer = np.empty(size + align, np.uint8)
+        first = -buffer.ctypes.data % align
+        return memoryview(buffer[first : first + size])
 
     def _open(self):
         if self._files is None:
@@ -265,7 +314,10 @@ class SequenceWindows:
             if changed:
                 raise OSError(f"the files changed since they were opened: {changed}; open the dataset again")
             self._columns = [column_offsets(path)[0] for path in self.paths]
-            self._files = [os.open(path, os.O_RDONLY) for path in self.paths]
+            self._alignment = direct_alignment(self.paths[0]) if self.drop_behind else None
+            flags = os.O_RDONLY | (os.O_DIRECT if self._alignment else 0)
+            self._files = [os.open(path, flags) for path in self.paths]
+            self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-sequence-reads")
         return self._files
 
 

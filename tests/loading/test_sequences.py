@@ -17,6 +17,7 @@ from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX
 from fastdata.loading.sequencewindows import SequenceWindows, WholeStream
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
+from fastdata.reading.windows import direct_alignment
 
 EOD = "<|endoftext|>"
 
@@ -281,15 +282,18 @@ def test_a_corpus_bigger_than_memory_is_read_in_blocks_of_sequences(corpus, monk
         assert sequences._document_ranges(np.array([[first, stop]])).tolist() == expected
 
 
-@pytest.mark.parametrize(("tokens_only", "batch_size", "group"), [(False, 5, 1), (True, 5, 1), (False, 2, 4),
-                                                                   (True, 2, 4), (True, 1, 9)])
+@pytest.mark.parametrize(("tokens_only", "batch_size", "group", "direct"), [
+    (False, 5, 1, True), (True, 5, 1, False), (False, 2, 4, False), (True, 2, 4, True), (True, 1, 9, True)])
 def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole(corpus, monkeypatch, tokens_only,
-                                                                                batch_size, group):
-    # NOTE [sequence windows]: one process reading alone cuts rows from its windows' ids read whole: the same
-    # batches as through the maps, every one of them from the windows (a row across two shards too), read a
-    # group of batches at a time where a window holds the group (windows of 12 rows: groups of 9 rows at most)
+                                                                                batch_size, group, direct):
+    # NOTE [sequence windows]: one process reading alone cuts rows from its windows' ids read whole (direct I/O
+    # where the files take it, else buffered): the same batches as through the maps, every one of them from the
+    # windows (a row across two shards too), read a group of batches at a time where a window holds the group
+    # (windows of 12 rows: groups of 9 rows at most)
     _, folder, documents, eod = corpus
     dataset = open_dataset(folder)
+    if not direct:
+        monkeypatch.setattr("fastdata.loading.sequencewindows.direct_alignment", lambda path: None)
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
     options = {"shuffle": "block", "block_size": 4, "window": 3, "seed": 3, "seq_len": 97, "eod": eod,
                "tokens_only": tokens_only}
@@ -297,16 +301,21 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
     windows, key = loader.steps.readahead, "tokens" if tokens_only else "input_ids"
     assert isinstance(windows, SequenceWindows) and loader.dataset._windows is windows
     maps = TokenSequences(open_dataset(folder), 97, eod, tokens_only=tokens_only)  # no windows: the maps
+    streams = {}  # every window's Stream held, kept alive here
     for epoch in range(2):
         orders = list(loader.sampler.batches(epoch, 0))
         for batch, indices in zip(loader, orders, strict=True):
             assert torch.equal(batch[key], maps.read_batch(indices)[key])
+            with windows._lock:
+                streams.update((id(stream), stream) for stream in windows._held.values())
     assert windows.misses == 0 and len(windows._held) <= 2 and windows._lag == group - 1
+    assert len({id(stream.memory) for stream in streams.values()}) < len(streams)  # windows read into freed ones
+    assert (windows._alignment is not None) == (direct and direct_alignment(dataset.shard_paths[0]) is not None)
+    windows._reader.join()  # the next epoch's first window, read on the thread, is held once it is read
     stream = _stream(documents, eod)
     for held in windows._held.values():  # a window holds its documents' stream: ids and end-of-document ids
         for start, stop, place in zip(held.starts, held.stops, held.places):
             assert np.array_equal(held.ids[place : place + stop - start], stream[start:stop])
-    windows._reader.join()  # the next epoch's first window, read on the thread, is held once it is read
 
     def held(row):  # whether the windows held read the stream positions of the row
         low, high = row * 97, row * 97 + 98
