@@ -20,7 +20,9 @@ stored: ``{"tokens": [B, T + 1]}`` in the file's id dtype (uint16 for a
 vocabulary of up to 65,536), the form LitData's TokensLoader and litgpt
 train from (inputs ``tokens[:, :-1]``, targets ``tokens[:, 1:]``), a
 quarter of the int64 bytes to the device. Nothing else is built, so a
-batch costs the rows' copy and the end-of-document ids put in between.
+batch costs the rows' copy: one gather where the stream is held in memory
+(NOTE [whole stream], NOTE [sequence windows] in sequencewindows.py), else
+a slice per row and the end-of-document ids put in between.
 Only full rows: the stream's last ``(tokens - 1) % T`` tokens, less than a
 row, are not read (they would need padding a loss must know to skip).
 """
