@@ -206,6 +206,14 @@ class RecordDataset(Dataset):
         return np.concatenate([np.diff(np.asarray(self._open(shard)[name].offsets))
                                for shard in range(len(self._files))]).astype(np.int64)
 
+    def token_values(self, name):
+        """Yield ``(first value, ids)`` of each shard of the tokens field ``name``: the index of its first value, and
+        its values' ids back to back (a view of the mapped column)."""
+        for shard in range(len(self._files)):
+            column = self._open(shard)[name]
+            offsets = np.asarray(column.offsets)
+            yield int(self._starts[shard]), np.asarray(column.values)[offsets[0] : offsets[-1]]
+
     def read_token_ranges(self, documents, starts, stops, name):
         """Return the ids ``starts[p]:stops[p]`` of value ``documents[p]`` of the tokens field ``name`` for each
         piece ``p`` (int64 ``[P]`` each, in range), joined: int64 ``[sum(stops - starts)]``; a slice per piece."""

@@ -128,12 +128,11 @@ class TokenSequences:
 
     def hold_stream(self, order):
         """Cut concat rows from the stream of every document held in memory from now on; return the WholeStream,
-        or None where it does not apply (another packing, a record field, a URL, a stream over HOLD_SHARE of the
-        memory available).
+        or None where it does not apply (another packing, a URL, a stream over HOLD_SHARE of the memory available).
 
         See NOTE [whole stream] in sequencewindows.py; for one process reading alone a corpus that fits.
         """
-        if (self.packing != "concat" or self.field is not None or self.is_remote
+        if (self.packing != "concat" or self.is_remote
                 or int(self._stream()[0][-1]) * self.dtype.itemsize > HOLD_SHARE * available_memory()[0]):
             return None
         self._windows = WholeStream(self, order)
@@ -388,8 +387,8 @@ class TokenSequences:
         ``segments``: int64 ``(documents, row_first, begin, end, flat_begin)`` of each row's documents in order:
         the stream positions of the row's first token and of the segment's ``[begin, end)``, and where the
         segment begins in the flattened tokens. None where a row is past the stream's end, lies in two files,
-        or the ids are a record file's field (those are read by their pieces). ``from_windows``: take the ids
-        from the SequenceWindows held, where there are some (else from the files).
+        or the ids are a record file's field not held in memory (those are read by their pieces).
+        ``from_windows``: take the ids from the SequenceWindows held, where there are some (else from the files).
 
         NOTE [concat rows]: a file stores its documents back to back, so a
         full concat row (all but the stream's last) is one slice of the
@@ -408,12 +407,14 @@ class TokenSequences:
         width, batch_size = self.seq_len + 1, len(indices)
         first = indices * self.seq_len
         last = first + width  # exclusive
-        if self.packing != "concat" or self.field is not None or batch_size == 0 or last.max() > starts[-1]:
+        if self.packing != "concat" or batch_size == 0 or last.max() > starts[-1]:
             return None
         d0 = np.searchsorted(starts, first, side="right") - 1
         d1 = np.searchsorted(starts, last - 1, side="right") - 1
         held = self._windows.rows(first, width) if from_windows and self._windows is not None else None
         if held is None:
+            if self.field is not None:
+                return None
             in_last = last - starts[d1]  # positions of document d1 in the row (its eod too, where past its length)
             joined = self.dataset.read_token_spans(d0, first - starts[d0], d1, np.minimum(in_last, lengths[d1]), dtype)
             if joined is None:

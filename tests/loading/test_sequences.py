@@ -366,8 +366,15 @@ def test_concat_rows_of_a_corpus_that_fits_come_from_its_whole_stream_held(corpu
     assert make_loader(dataset, 3, num_workers=1, seq_len=61, eod=eod).steps.readahead is None  # each would hold one
     assert make_loader(dataset, 3, rank=0, world_size=2, seq_len=61, eod=eod).steps.readahead is None
     assert make_loader(dataset, 3, seq_len=61, eod=eod, packing="pad").steps.readahead is None
-    records = _records(corpus, tmp_path_factory)  # a record file's tokens field: read by its pieces
-    assert make_loader(records, 3, seq_len=61, eod=eod).steps.readahead is None
+    records = _records(corpus, tmp_path_factory)  # a record file's tokens field: held from its mapped columns
+    loader = make_loader(records, 3, shuffle=True, seed=5, seq_len=61, eod=eod, tokens_only=tokens_only)
+    held, maps = loader.steps.readahead, TokenSequences(_records(corpus, tmp_path_factory), 61, eod,
+                                                        tokens_only=tokens_only)
+    assert isinstance(held, WholeStream)
+    for batch, indices in zip(loader, list(loader.sampler.batches(0, 0)), strict=True):
+        assert torch.equal(batch[key], maps.read_batch(indices)[key])
+    assert held.misses == 0 and np.array_equal(held._held[("all",)].ids, stream)
+    loader.close()
     room = (len(stream) * 2 * 4 - 1, "test")  # a stream over a quarter of the memory available: the maps
     monkeypatch.setattr("fastdata.loading.sequences.available_memory", lambda: room)
     assert make_loader(dataset, 3, seq_len=61, eod=eod).steps.readahead is None
