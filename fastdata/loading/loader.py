@@ -250,7 +250,9 @@ def make_loader(
         remote = getattr(dataset, "is_remote", False)
         fits = _fits_page_cache(dataset)
         sampler = _index_sampler(dataset, batch_size, seed, **order_options, remote=remote, fits=fits)
-        readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=num_workers == 0)
+        # A helper process reads every batch itself: windows read here would go unused, hints serve it
+        readahead = partial(_readahead, dataset, remote=remote, fits=fits,
+                            one_reader=num_workers == 0 and helper_process is not True)
     else:
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:

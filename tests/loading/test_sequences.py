@@ -339,6 +339,11 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
     workers = make_loader(dataset, batch_size, num_workers=1, **options)  # each worker would read every window
     assert isinstance(workers.steps.readahead, ReadAhead)
     workers.close()
+    if batch_size == 5 and not tokens_only:  # a helper process reads every batch: no windows here, hints for it
+        with make_loader(dataset, batch_size, helper_process=True, **options) as helped:
+            assert isinstance(helped.steps.readahead, ReadAhead)
+            for batch, indices in zip(helped, list(helped.sampler.batches(0, 0)), strict=True):
+                assert torch.equal(batch[key], maps.read_batch(indices)[key])
 
 
 @pytest.mark.parametrize("tokens_only", [False, True])
