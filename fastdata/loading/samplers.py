@@ -47,7 +47,7 @@ from fastdata.errors import OptionError
 from fastdata.reading.order import EpochOrder, check_positive
 
 _CHUNK_SAMPLES = 16384  # positions computed per order.samples call (see NOTE [chunked order])
-_CHUNK_STEPS = 64
+_CHUNK_STEPS = 1024
 
 
 class EpochSampler(abc.ABC):
@@ -252,6 +252,11 @@ class BatchIndexSampler(EpochSampler):
         cache (4-9% uniform, 10-16% block); batches of 256: 34-50 us
         uniform, 98-107 us block, against 0.6-1.1 ms to read them. Nearly
         all of it is the order's keyed permutations (~200 ns a sample).
+        Small batches pay each call's cost over few samples: batches of 8
+        sequences (the lm benchmark's file, uniform, best of 5 epochs while
+        the test suite ran beside it, /tmp/lmt/parts2.py) cost the sampler
+        3.7 us each with chunks of 64 steps, 1.8 with 256, 1.4 with 1,024,
+        so _CHUNK_STEPS is 1,024 (16,384 samples bound larger batches).
         """
         self.bind(iterating=True)
         steps = max(1, min(_CHUNK_STEPS, _CHUNK_SAMPLES // self.batch_size))
