@@ -75,11 +75,19 @@ def held_signals(method="fork"):
                     handlers[signum] = signal.signal(signum, _Noting(handler, caught))
         yield
     finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for signum in dict.fromkeys(caught):
-            signal.raise_signal(signum)
+        # The mask first, each step in a finally of its own: a Python signal handler may raise between any two
+        # steps (torch's SIGCHLD handler raises a worker's death in the main thread), and a mask left blocking
+        # SIGTERM would pass to every process started later (a CI run at 8360572 saw it once). A SIGTERM pending
+        # now lands on the noting handler and is raised again below.
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        finally:
+            try:
+                for signum, handler in handlers.items():
+                    signal.signal(signum, handler)
+            finally:
+                for signum in dict.fromkeys(caught):
+                    signal.raise_signal(signum)
 
 
 def end_on_sigterm():
