@@ -340,9 +340,9 @@ class WholeStream(SequenceWindows):
     files closed after, its pages left cached: the corpus fits), and cuts
     every batch as the windows do. Holding is a read path, not an order:
     the same batches come either way, so it may follow this machine's
-    memory. The lm benchmark's file (58 MB,
-    28.9M tokens), warm, batches of 8 x 2048 through make_loader(shuffle=
-    True, tokens_only=True), 3 epochs in one process (/tmp/lmt/tp.py):
+    memory. The lm benchmark's file (58 MB, 28.9M tokens), warm, batches of
+    8 x 2048 through make_loader(shuffle=True, tokens_only=True), 3 epochs
+    in one process (/tmp/lmt/tp.py):
     11.8-12.7 us a batch against 55-72 us through the maps, and 10.8-11.5
     us for the copy of the same rows from a plain view of nanoGPT's map
     beside it. A record file's tokens field is held the same way, from its
@@ -388,7 +388,6 @@ class WholeStream(SequenceWindows):
     def _read(self, key):
         starts = self.sequences._stream()[0]
         if self.sequences.field is None:  # a text file or folder: preads of its shards
-            self._open()
             return self._stream_of(np.array([[0, len(starts) - 1]], np.int64))
         ids = np.empty(int(starts[-1]), self.sequences.dtype)  # a record file's field: from its mapped columns
         shards = list(self.sequences.dataset.token_values(self.sequences.field))
