@@ -162,7 +162,7 @@ def consume(loader, key=None):
         if key is None and isinstance(batch, dict):  # a record batch: its first tensor
             key = next(name for name, value in batch.items() if hasattr(value, "dim"))
         first = batch[key] if key is not None else batch[0] if isinstance(batch, (tuple, list)) else batch
-        count += len(first)
+        count += first.shape[0]  # ~0.2 us against ~0.5 for a tensor's len()
         touch(first)
     return count
 
@@ -171,17 +171,17 @@ def touch(tensor):
     """Read the last element of ``tensor``, as a step that uses the batch would; copy nothing.
 
     (``tensor.reshape(-1)`` would copy a whole channels_last JPEG batch.) A
-    CPU tensor numpy can view is read through that view: 2.1 us against 5.0
-    us for torch's indexing (an [8, 2049] uint16 batch), more than half of
-    what the lm section's copy limit spends on a batch.
+    CPU tensor numpy can view is read through that view, its last element by
+    flat index: 1.0 us against 2.4 for torch's indexing and 1.5 for the
+    view's (an [8, 2049] uint16 batch; the lm section's copy limit spends
+    ~10 us a batch).
     """
-    index = (-1,) * tensor.dim()
-    if tensor.device.type == "cpu":
+    if tensor.is_cpu:
         try:
-            return tensor.numpy()[index].item()
+            return tensor.numpy().item(-1)
         except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), or a tensor that needs grad
             pass
-    return tensor[index].item()
+    return tensor[(-1,) * tensor.dim()].item()
 
 
 def close_loader(loader):
