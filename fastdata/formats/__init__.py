@@ -5,6 +5,7 @@ import os
 from fastdata.errors import FormatError
 from fastdata.formats.arrow import (
     arrow_column_offsets,
+    arrow_field_offset,
     read_arrow,
     read_arrow_checksums,
     read_arrow_metadata,
@@ -14,6 +15,7 @@ from fastdata.formats.arrow import (
 )
 from fastdata.formats.hdf5 import (
     hdf5_column_offsets,
+    hdf5_field_offset,
     read_hdf5,
     read_hdf5_checksums,
     read_hdf5_metadata,
@@ -24,12 +26,13 @@ from fastdata.formats.hdf5 import (
 from fastdata.formats.layout import FORMAT_VERSION, Columns
 
 _HDF5 = ("hdf5", write_hdf5, read_hdf5, read_hdf5_checksums, hdf5_column_offsets, read_hdf5_metadata,
-         read_hdf5_records, lambda path, columns, metadata, fields: write_hdf5_records(path, columns, metadata))
+         read_hdf5_records, lambda path, columns, metadata, fields: write_hdf5_records(path, columns, metadata),
+         hdf5_field_offset)
 _FORMATS = {
     ".h5": _HDF5,
     ".hdf5": _HDF5,
     ".arrow": ("arrow", write_arrow, read_arrow, read_arrow_checksums, arrow_column_offsets, read_arrow_metadata,
-               read_arrow_records, write_arrow_records),
+               read_arrow_records, write_arrow_records, arrow_field_offset),
 }
 
 
@@ -62,6 +65,11 @@ def column_offsets(path):
     return _lookup(path)[4](path)
 
 
+def field_offset(path, name):
+    """Return where the values of the ragged field ``name`` of the record file at ``path`` start, in bytes."""
+    return _lookup(path)[8](path, name)
+
+
 def read_metadata(path):
     """Return the checked metadata of the packed file at ``path``, its arrays unread: what kind of file it is."""
     return _lookup(path)[5](path)
@@ -92,5 +100,5 @@ def _lookup(path):
     return _FORMATS[ext]
 
 
-__all__ = ["FORMAT_VERSION", "Columns", "column_offsets", "format_of", "read_checksums", "read_metadata",
-           "read_packed", "read_records", "write_packed", "write_records"]
+__all__ = ["FORMAT_VERSION", "Columns", "column_offsets", "field_offset", "format_of", "read_checksums",
+           "read_metadata", "read_packed", "read_records", "write_packed", "write_records"]

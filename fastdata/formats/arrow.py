@@ -90,6 +90,17 @@ def arrow_column_offsets(path):
                      for buffer in (values, labels))
 
 
+def arrow_field_offset(path, name):
+    """Return the byte offset of the values of the ragged field ``name`` of a record file (0: none stored)."""
+    with pa.memory_map(os.fspath(path), "r") as source:
+        whole = source.read_buffer()
+        array = pa.ipc.open_file(whole).get_batch(0).column(name)
+        if pa.types.is_large_list(array.type):
+            array = array.values
+        buffer = array.buffers()[-1]  # a list's primitive values; a string's or binary's bytes
+        return 0 if buffer is None or not buffer.size else buffer.address - whole.address
+
+
 def _sample_array(columns):
     n = columns.num_samples
     values = pa.py_buffer(np.ascontiguousarray(columns.samples))

@@ -251,6 +251,12 @@ def hdf5_column_offsets(path):
         return int(f["samples"].id.get_offset() or 0), int(f["labels"].id.get_offset() or 0)
 
 
+def hdf5_field_offset(path, name):
+    """Return the byte offset of the values of the ragged field ``name`` of a record file (0: none stored)."""
+    with h5py.File(os.fspath(path), "r") as f:
+        return int(_dataset_layout(f, name, os.fspath(path))[0] or 0)
+
+
 def _dataset_layout(f, name, path):
     dset = f.get(name)
     if not isinstance(dset, h5py.Dataset):

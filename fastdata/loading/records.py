@@ -27,7 +27,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from fastdata.errors import FormatError, OptionError
-from fastdata.formats import Columns, format_of, read_checksums, read_records
+from fastdata.formats import Columns, field_offset, format_of, read_checksums, read_records
 from fastdata.formats.records import LENGTHS_SUFFIX, longest_values, schema_of_metadata
 from fastdata.formats.shards import read_index, shard_differences, shard_mismatch
 from fastdata.loading.batchreads import checked_indices
@@ -115,6 +115,16 @@ class RecordDataset(Dataset):
     def shard_index(self):
         """The ShardIndex of a shard folder (None for one file)."""
         return self._index
+
+    @property
+    def shard_paths(self):
+        """Paths of the record files behind the dataset, in record order: ``[path]`` for a file."""
+        return list(self._files)
+
+    @property
+    def shard_starts(self):
+        """int64 ``[S + 1]``: the first record of each shard, then the number of records."""
+        return self._starts
 
     @property
     def shard_source(self):
@@ -213,6 +223,12 @@ class RecordDataset(Dataset):
             column = self._open(shard)[name]
             offsets = np.asarray(column.offsets)
             yield int(self._starts[shard]), np.asarray(column.values)[offsets[0] : offsets[-1]]
+
+    def token_offsets(self, name):
+        """Return where each shard's first stored id of the tokens field ``name`` lies in its file, in bytes."""
+        itemsize = self.schema[name].stored_dtype.itemsize
+        return [field_offset(path, name) + int(self._open(shard)[name].offsets[0]) * itemsize
+                for shard, path in enumerate(self._files)]
 
     def read_token_ranges(self, documents, starts, stops, name):
         """Return the ids ``starts[p]:stops[p]`` of value ``documents[p]`` of the tokens field ``name`` for each

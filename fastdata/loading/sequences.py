@@ -117,11 +117,11 @@ class TokenSequences:
 
     def read_windows(self, order):
         """Cut concat rows from ``order``'s windows read whole from now on; return the SequenceWindows, or None
-        where they do not apply (another packing, a record field, a URL, an order that is not "block").
+        where they do not apply (another packing, a URL, an order that is not "block").
 
         See NOTE [sequence windows] in sequencewindows.py; for one process reading alone.
         """
-        if (self.packing != "concat" or self.field is not None or self.is_remote or order.shuffle != "block"):
+        if self.packing != "concat" or self.is_remote or order.shuffle != "block":
             return None
         self._windows = SequenceWindows(self, order)
         return self._windows
@@ -203,8 +203,8 @@ class TokenSequences:
 
     @property
     def nbytes(self):
-        """Bytes of the text file(s) behind the sequences (what decides a block order, NOTE [sequence blocks]);
-        None for a record file's tokens field.
+        """Bytes of the text file(s) behind the sequences (what decides a block order, NOTE [sequence blocks]); of a
+        record file's tokens field, its stored ids (None at a URL: its shards are fetched as its index says).
 
         NOTE [sequence blocks]: concat and pad rows lie on disk in their
         index order, so make_loader's shuffle=True treats sequences as it
@@ -224,7 +224,12 @@ class TokenSequences:
         wrun.py). best_fit rows take documents from the whole corpus, so
         they stay in the uniform order, unhinted, and make_loader warns.
         """
-        return getattr(self.dataset, "nbytes", None)
+        if self.field is None:
+            return getattr(self.dataset, "nbytes", None)
+        if self.is_remote:
+            return None
+        _, lengths = self._stream()
+        return int(lengths.sum()) * self.dtype.itemsize
 
     def advise(self, pattern):
         """Tell the kernel how the documents' ids will be read ("random" or "normal"): see NOTE [sequence blocks]."""

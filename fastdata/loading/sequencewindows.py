@@ -93,10 +93,11 @@ class SequenceWindows:
     def __init__(self, sequences, order):
         self.sequences, self.order = sequences, order
         dataset = sequences.dataset
-        self.paths = getattr(dataset, "shard_paths", None)  # a text file's, read here (a record field: its maps)
+        self.paths = dataset.shard_paths
+        self._shard_starts = dataset.shard_index.starts if sequences.field is None else dataset.shard_starts
         starts, lengths = sequences._stream()
         first = starts[:-1] - np.arange(len(lengths))  # each document's first id among all stored ids
-        self._shard_first = np.append(first[dataset.shard_index.starts[:-1]], first[-1] + lengths[-1])
+        self._shard_first = np.append(first[self._shard_starts[:-1]], first[-1] + lengths[-1])
         self._itemsize = sequences.dtype.itemsize
         self._epoch, self._first_step, self._window, self._lag = 0, 0, None, 0
         self._held, self._lock, self._reader = {}, threading.Lock(), None  # (epoch, window) -> its Stream
@@ -247,7 +248,7 @@ class SequenceWindows:
         if memory is None or len(memory) < size:  # see SPARE_ROOM
             memory = np.empty(int(size * SPARE_ROOM), self.sequences.dtype)
         ids = memory[:size]
-        shard_starts = self.sequences.dataset.shard_index.starts  # each shard's first document
+        shard_starts = self._shard_starts  # each shard's first document
         pieces = {}  # shard -> its runs' documents (first, stop, place in ids), in file order
         for first, stop, place in zip(firsts.tolist(), stops.tolist(), places.tolist()):
             while first < stop:  # a run cut where a shard ends
@@ -318,7 +319,9 @@ class SequenceWindows:
             changed = self.sequences.changed_files()
             if changed:
                 raise OSError(f"the files changed since they were opened: {changed}; open the dataset again")
-            self._columns = [column_offsets(path)[0] for path in self.paths]
+            field = self.sequences.field  # each shard's first stored id: a text file's samples, a record field's
+            self._columns = ([column_offsets(path)[0] for path in self.paths] if field is None
+                             else self.sequences.dataset.token_offsets(field))
             self._alignment = direct_alignment(self.paths[0]) if self.drop_behind else None
             flags = os.O_RDONLY | (os.O_DIRECT if self._alignment else 0)
             self._files = [os.open(path, flags) for path in self.paths]

@@ -385,6 +385,47 @@ def test_concat_rows_of_a_corpus_that_fits_come_from_its_whole_stream_held(corpu
     assert make_loader(dataset, 3, seq_len=61, eod=eod).steps.readahead is None
 
 
+@pytest.mark.parametrize(("out", "direct"), [("tokens.h5", True), ("tokens.arrow", False), ("h5-shards", False),
+                                             ("arrow-shards", True)])
+def test_a_record_tokens_field_bigger_than_memory_is_read_in_windows_whole(corpus, tmp_path, monkeypatch, out,
+                                                                           direct):
+    # NOTE [sequence windows] over a record file's tokens field: its ids read from where the field's values lie in
+    # each file (HDF5 and Arrow, a file and shards, extra fields around it), the batches those of the maps
+    _, _, documents, eod = corpus
+    records = [{"id": number, "tokens": document.tolist(), "note": "é" * (number % 5)}
+               for number, document in enumerate(documents)]
+    schema = {"id": "int", "tokens": Field("tokens", dtype="uint16"), "note": "str"}
+    shards = out.endswith("shards")
+    write(records, tmp_path / out, schema, shard_size=9_000 if shards else None,
+          format={"h5": "hdf5", "arrow": "arrow"}[out.split("-")[0]] if shards else None)
+    dataset = open_dataset(tmp_path / out, fields=["tokens"])
+    assert len(dataset.shard_paths) > 2 if shards else len(dataset.shard_paths) == 1
+    if not direct:
+        monkeypatch.setattr("fastdata.loading.sequencewindows.direct_alignment", lambda path: None)
+    stored = sum(map(len, documents)) * 2
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (stored // 2, "test"))
+    loader = make_loader(dataset, 3, shuffle=True, block_size=4, window=3, seed=3, seq_len=97, eod=eod)
+    windows = loader.steps.readahead
+    assert loader.sampler.shuffle == "block" and loader.dataset.nbytes == stored
+    assert isinstance(windows, SequenceWindows) and not isinstance(windows, WholeStream)
+    maps = TokenSequences(open_dataset(tmp_path / out, fields=["tokens"]), 97, eod)
+    for epoch in range(2):
+        for batch, indices in zip(loader, list(loader.sampler.batches(epoch, 0)), strict=True):
+            for key in ("input_ids", "labels", "position_ids"):
+                assert torch.equal(batch[key], maps.read_batch(indices)[key])
+    assert windows.misses == 0
+    windows._reader.join()
+    stream = _stream(documents, eod)
+    for held in windows._held.values():
+        for start, stop, place in zip(held.starts, held.stops, held.places):
+            assert np.array_equal(held.ids[place : place + stop - start], stream[start:stop])
+    loader.close()
+    with pytest.warns(FastPathWarning, match="'tokens' .* does not fit in memory.*no kernel hints"):
+        workers = make_loader(dataset, 3, shuffle=True, num_workers=1, seq_len=97, eod=eod)
+    assert workers.sampler.shuffle == "block" and workers.steps.readahead is None
+    workers.close()
+
+
 def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
     path, _, _, eod = corpus
     dataset = open_dataset(path)
