@@ -80,8 +80,9 @@ class SequenceWindows:
     """Hold the window of a block order that is read now and the next one, read whole; cut rows' ids from them.
 
     A ReadsAhead (reading/readahead.py) of TokenSequences (concat) over a
-    local text file or folder, read by one process (see NOTE [sequence
-    windows]). ``spans`` gives the stored ids of rows from the windows held.
+    local text file or folder, or a record file's tokens field, read by one
+    process (see NOTE [sequence windows]). ``rows`` cuts rows' ids from the
+    windows held.
 
     Args:
         sequences: the TokenSequences.
@@ -177,6 +178,10 @@ class SequenceWindows:
         document ids in place), or None where one lies outside the windows held."""
         with self._lock:
             held = list(self._held.values())
+        for stream in held:  # every row in one window, as in all but the groups that span two: one gather
+            run = np.searchsorted(stream.starts, positions, side="right") - 1
+            if run.min(initial=0) >= 0 and (positions + width <= stream.stops[run]).all():
+                return stream.rows(width)[stream.places[run] + (positions - stream.starts[run])]
         which = np.full(len(positions), -1, np.int64)  # the held window of each row, and its place in that one's ids
         place = np.zeros(len(positions), np.int64)
         for number, stream in enumerate(held):
@@ -192,8 +197,6 @@ class SequenceWindows:
                               "such batch (a loader and a walk of its sampler over one dataset at once do this)",
                               FastPathWarning, stacklevel=4)
             return None
-        if (which == which[0]).all():  # one window: one gather of the rows
-            return held[which[0]].rows(width)[place]
         out = np.empty((len(positions), width), self.sequences.dtype)
         for number in np.unique(which).tolist():
             mine = which == number
