@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from fastdata._cpu import usable_cpus
-from fastdata.errors import FastPathWarning, OptionError
+from fastdata.errors import OptionError
 from fastdata.loading.batchloader import BatchLoader, option_names, reads_plainly
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
@@ -348,12 +348,6 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
     alone = alone and sampler.shuffle == "block"
     if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: concat rows in windows, else hints
         windows = dataset.read_windows(sampler.order) if alone else None
-        if windows is None and dataset.field is not None:
-            warnings.warn(f"the tokens field {dataset.field!r} of {dataset.path!r} does not fit in memory, and its "
-                          "rows are read by workers, ranks or in pad rows: they are read in the block order through "
-                          "the file's maps, with no kernel hints (one process reading concat rows alone reads each "
-                          "window's ids whole, NOTE [sequence windows])", FastPathWarning, stacklevel=2)
-            return None
         return windows or ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
     windows = dataset.read_windows(sampler.order) if alone else None
     if windows is not None:

@@ -33,6 +33,7 @@ from fastdata.formats.shards import read_index, shard_differences, shard_mismatc
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.slots import ALIGN
+from fastdata.reading.kernel import advise_column, check_pattern, column_spans, hint_spans
 from fastdata.reading.remote import cached_shards, check_prefetch
 from fastdata.storage.urls import is_url, read_remote_index
 
@@ -89,6 +90,7 @@ class RecordDataset(Dataset):
         self._recent = []  # a URL's open shards, least recently opened first
         self.fingerprint = _fingerprint(self.path, self.metadata, self._index)
         self._shards, self._decoders, self._pid = None, None, None
+        self._advice = None  # (tokens field, access pattern) set on every shard mapped: see ``advise_tokens``
 
     def __repr__(self):
         described = ", ".join(_described(name, self.schema[name]) for name in self.fields)
@@ -159,6 +161,8 @@ class RecordDataset(Dataset):
                 if mismatch is not None:
                     raise FormatError(f"{path!r} {mismatch}; restore the folder, or write it again")
             self._shards[shard] = {name: columns[name] for name in self.fields}
+            if self._advice is not None:
+                advise_column(np.asarray(columns[self._advice[0]].values), self._advice[1])
         return self._shards[shard]
 
     def _fetched(self, shard):
@@ -229,6 +233,38 @@ class RecordDataset(Dataset):
         itemsize = self.schema[name].stored_dtype.itemsize
         return [field_offset(path, name) + int(self._open(shard)[name].offsets[0]) * itemsize
                 for shard, path in enumerate(self._files)]
+
+    def advise_tokens(self, name, pattern):
+        """Set the access ``pattern`` ("random" or "normal") of the ids of the tokens field ``name`` in every shard:
+        those mapped in this process and those mapped later (here or in workers this dataset is pickled into)."""
+        check_pattern(pattern)
+        self._advice = (name, pattern)
+        if self._shards is not None and self._pid == os.getpid():
+            for columns in self._shards:
+                if columns is not None:
+                    advise_column(np.asarray(columns[name].values), pattern)
+
+    def hint_tokens(self, name, ranges, hint, give=None):
+        """Give the kernel a ``hint`` ("will_need", "done", "drop": reading/kernel.hint_spans) on the ids of the
+        tokens field ``name`` of records ``[start, stop)`` (int64 ``[K, 2]``, clipped to the dataset); return
+        whether it was asked. ``give`` runs the kernel call, as PackedDataset.will_need's."""
+        ranges = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2), 0, self._num_samples)
+        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
+        if not len(ranges):
+            return False
+        first = int(np.searchsorted(self._starts, ranges[:, 0].min(), side="right")) - 1
+        last = int(np.searchsorted(self._starts, ranges[:, 1].max() - 1, side="right")) - 1
+        starts, stops = [], []
+        for shard in range(first, last + 1):  # each range cut at the shards' bounds
+            low, high = int(self._starts[shard]), int(self._starts[shard + 1])
+            mine = np.clip(ranges, low, high) - low
+            mine = mine[mine[:, 1] > mine[:, 0]]
+            if len(mine):
+                column = self._open(shard)[name]
+                begin, end = column_spans(np.asarray(column.values), np.asarray(column.offsets), mine)
+                starts.append(begin)
+                stops.append(end)
+        return hint_spans(np.concatenate(starts), np.concatenate(stops), hint, give)
 
     def read_token_ranges(self, documents, starts, stops, name):
         """Return the ids ``starts[p]:stops[p]`` of value ``documents[p]`` of the tokens field ``name`` for each

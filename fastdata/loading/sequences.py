@@ -233,15 +233,23 @@ class TokenSequences:
 
     def advise(self, pattern):
         """Tell the kernel how the documents' ids will be read ("random" or "normal"): see NOTE [sequence blocks]."""
-        self.dataset.advise(pattern)
+        if self.field is None:
+            self.dataset.advise(pattern)
+        else:
+            self.dataset.advise_tokens(self.field, pattern)
 
     def will_need(self, ranges, give=None):
         """Ask the kernel to read the ids of the rows ``[start, stop)`` of ``ranges`` now; see PackedDataset's."""
-        return self.dataset.will_need(self._document_ranges(ranges), give)
+        if self.field is None:
+            return self.dataset.will_need(self._document_ranges(ranges), give)
+        return self.dataset.hint_tokens(self.field, self._document_ranges(ranges), "will_need", give)
 
     def done_with(self, ranges, drop=False):
         """Tell the kernel the ids of the rows of ``ranges`` are not read again soon; see PackedDataset's."""
-        self.dataset.done_with(self._document_ranges(ranges), drop)
+        if self.field is None:
+            self.dataset.done_with(self._document_ranges(ranges), drop)
+        else:
+            self.dataset.hint_tokens(self.field, self._document_ranges(ranges), "drop" if drop else "done")
 
     def _document_ranges(self, ranges):
         """Return int64 ``[K, 2]`` document ranges ``[first, last + 1)`` holding the tokens of row ``ranges``."""

@@ -2,6 +2,7 @@
 
 import json
 import re
+import sys
 import warnings
 
 import numpy as np
@@ -15,6 +16,7 @@ from fastdata import Field, OptionError, TokenSequences, convert_text, make_load
 from fastdata.errors import FastPathWarning
 from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX, cu_seqlens
 from fastdata.loading.sequencewindows import SequenceWindows, WholeStream
+from fastdata.reading.kernel import PAGE
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 from fastdata.reading.windows import direct_alignment
@@ -420,10 +422,47 @@ def test_a_record_tokens_field_bigger_than_memory_is_read_in_windows_whole(corpu
         for start, stop, place in zip(held.starts, held.stops, held.places):
             assert np.array_equal(held.ids[place : place + stop - start], stream[start:stop])
     loader.close()
-    with pytest.warns(FastPathWarning, match="'tokens' .* does not fit in memory.*no kernel hints"):
-        workers = make_loader(dataset, 3, shuffle=True, num_workers=1, seq_len=97, eod=eod)
-    assert workers.sampler.shuffle == "block" and workers.steps.readahead is None
-    workers.close()
+    ranked = make_loader(dataset, 3, shuffle=True, rank=1, world_size=2, seq_len=97, eod=eod)  # kernel hints
+    assert ranked.sampler.shuffle == "block" and isinstance(ranked.steps.readahead, ReadAhead)
+    for batch, indices in zip(ranked, list(ranked.sampler.batches(0, 0)), strict=True):
+        assert torch.equal(batch["input_ids"], maps.read_batch(indices)["input_ids"])
+    ranked.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is a Linux call")
+def test_the_kernel_hints_of_a_record_tokens_field_cover_the_ids_of_those_rows(corpus, tmp_path):
+    # NOTE [sequence blocks]: workers, ranks and pad rows over a record field bigger than memory are read through
+    # hinted maps as a text file's: a hint names the mapped pages of the ids of the rows' documents, in every shard
+    # they lie in, and no others
+    _, _, documents, eod = corpus
+    write([{"id": number, "tokens": document.tolist()} for number, document in enumerate(documents)],
+          tmp_path / "records", {"id": "int", "tokens": Field("tokens", dtype="uint16")}, shard_size=9_000)
+    dataset = open_dataset(tmp_path / "records", fields=["tokens"])
+    sequences = TokenSequences(dataset, 97, eod)
+    sequences.advise("random")
+    starts = dataset.shard_starts
+    for first_row, stop_row in [(0, 1), (len(sequences) // 2, len(sequences) // 2 + 40), (3, len(sequences))]:
+        first, stop = sequences._document_ranges(np.array([[first_row, stop_row]]))[0].tolist()
+        expected = set()
+        for shard in range(len(starts) - 1):
+            low, high = max(first, int(starts[shard])), min(stop, int(starts[shard + 1]))
+            if low < high:
+                column = dataset._open(shard)["tokens"]
+                begin, end = (column.values.ctypes.data + int(column.offsets[document - starts[shard]]) * 2
+                              for document in (low, high))
+                expected.add((begin // PAGE * PAGE, -(-end // PAGE) * PAGE - begin // PAGE * PAGE))
+        asked = []
+        sequences.done_with(np.array([[first_row, stop_row]]))  # "done" asks whatever is cached
+        assert dataset.hint_tokens("tokens", np.array([[first, stop]]), "done",
+                                   lambda call, spans, advice, asked=asked: asked.append(spans))
+        merged = []  # shards mapped side by side: their spans join
+        for address, length in sorted(expected):
+            if merged and merged[-1][0] + merged[-1][1] >= address:
+                merged[-1][1] = max(merged[-1][1], address + length - merged[-1][0])
+            else:
+                merged.append([address, length])
+        assert asked[0].tolist() == merged and merged
+    assert sequences.will_need(np.array([[5, 5]])) is False
 
 
 def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
