@@ -21,7 +21,9 @@ end-of-document id, as nanoGPT's ``train.bin`` and through LitData's
   the sequential read of the shard files before and after the fastdata
   rows (NOTE [drifting disk] in scale.py), fastdata tokens_only and concat
   with ``shuffle=True`` (the block order of sequences, NOTE [sequence
-  blocks]), nanoGPT's get_batch and LitData.
+  blocks]), tokens_only over the same documents written by ``fastdata.write``
+  as a record file's tokens field (``records``: made once beside the
+  corpus), nanoGPT's get_batch and LitData.
 
 A "sample" is a sequence of SEQ_LEN tokens; tokens/s = samples/s x SEQ_LEN.
 """
@@ -51,7 +53,8 @@ WARM = ("tokens", "concat", "nanogpt", "copy", "litdata")  # timed in turn, warm
 WARM_TARGETS = {"copy": ("tokens", "the copy of the same rows (warm)", VS_COPY),
                 "nanogpt": ("concat", "nanoGPT get_batch (warm)", VS_PEER),
                 "litdata": ("tokens", "LitData TokensLoader (warm)", VS_PEER)}
-COLD = ("limit", "tokens", "limit", "concat", "nanogpt", "litdata")  # each in a fresh process in the cgroup
+VS_TEXT = 0.9  # a record field's tokens_only from disk over the text folder's: the same reads
+COLD = ("limit", "tokens", "records", "limit", "concat", "nanogpt", "litdata")  # each in a fresh process, the cgroup
 
 
 def settings(config):
@@ -89,7 +92,28 @@ def corpus(workdir, num_docs, seed):
     seconds = _cached(workdir, params, lambda: _make(workdir, num_docs, seed, litdata=peers["litdata"] is not None))
     with open(os.path.join(workdir, "facts.json")) as f:
         files = json.load(f)
+    files["records"] = _records(files, os.path.join(workdir, "records"))
+    files["record_paths"] = _shard_paths(files["records"])
     return {**files, "made_seconds": seconds}
+
+
+def _records(files, folder):
+    """Write the corpus's documents as a record folder's uint16 tokens field with ``fastdata.write``, unless written
+    (its index is written last); return the folder."""
+    from fastdata import Field, write
+    from fastdata.formats import read_packed
+
+    if os.path.exists(os.path.join(folder, "index.json")):
+        return folder
+
+    def documents():
+        for shard in files["shard_paths"]:
+            columns, _ = read_packed(shard)
+            values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets).tolist()
+            yield from ({"tokens": values[start:stop]} for start, stop in zip(offsets, offsets[1:]))
+
+    write(documents(), folder, {"tokens": Field("tokens", dtype="uint16")}, shard_size=SHARD_BYTES, overwrite=True)
+    return folder
 
 
 def _make(workdir, num_docs, seed, litdata):
@@ -234,7 +258,7 @@ def measure_main():
     files, what = args["files"], args["what"]
     if what == "litdata":
         import litdata  # noqa: F401
-    paths = files["shard_paths"] + [files["bin"]] + _litdata_paths(files)
+    paths = files["shard_paths"] + files["record_paths"] + [files["bin"]] + _litdata_paths(files)
     drop = drop_from_page_cache(paths)
     counter = ReadCounter(files["bin"]).start()
     tokens, seconds, first = _read_for(what, files, args["seconds"])
@@ -270,12 +294,13 @@ def _read_for(what, files, max_seconds):
 
 def _batches(what, files):
     """Yield the batches (a tensor of rows) of reader ``what`` over ``files``, epoch after epoch."""
-    if what in ("tokens", "concat"):
+    if what in ("tokens", "concat", "records"):
         from fastdata import make_loader, open_dataset
 
-        loader = make_loader(open_dataset(files["fastdata"]), BATCH, shuffle=True, seq_len=SEQ_LEN, eod=files["eod"],
-                             tokens_only=what == "tokens")
-        key = "tokens" if what == "tokens" else "input_ids"
+        path = files["records"] if what == "records" else files["fastdata"]
+        loader = make_loader(open_dataset(path), BATCH, shuffle=True, seq_len=SEQ_LEN, eod=files["eod"],
+                             tokens_only=what != "concat")
+        key = "input_ids" if what == "concat" else "tokens"
         while True:
             yield from (batch[key] for batch in loader)
     elif what == "nanogpt":
@@ -315,6 +340,12 @@ def targets_of(results):
                                 "the page cache)", "value": ours / statistics.mean(limits), "threshold": VS_DISK,
                         "info": f"{ours / 1e6:,.1f}M tokens/s vs {', '.join(f'{v / 1e6:,.1f}M' for v in limits)} "
                                 f"(reads before and after); amplification {by_what['tokens']['amplification']:.2f}"})
+        if "records" in by_what:
+            theirs = by_what["records"]["tokens_per_s"]
+            targets.append({"name": "lmscale: a record file's tokens field from disk over the text folder's "
+                                    "(tokens_only rows)", "value": theirs / ours, "threshold": VS_TEXT,
+                            "info": f"{theirs / 1e6:,.1f}M vs {ours / 1e6:,.1f}M tokens/s; amplification "
+                                    f"{by_what['records']['amplification']:.2f}"})
         for peer, name in (("nanogpt", "nanoGPT get_batch"), ("litdata", "LitData TokensLoader")):
             if peer in by_what:
                 theirs = by_what[peer]["tokens_per_s"]

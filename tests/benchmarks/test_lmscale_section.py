@@ -41,6 +41,10 @@ def test_the_corpus_is_converted_and_the_peers_hold_its_stream(section):
     rows = np.concatenate([batch["tokens"].numpy()[:, :-1].reshape(-1) for batch in loader])
     assert rows.tolist() == stream[: len(rows)].tolist() and len(stream) - len(rows) <= lmscale.SEQ_LEN
     assert files["bytes"] == sum(Path(path).stat().st_size for path in files["shard_paths"])
+    records = open_dataset(files["records"])  # the same documents, written by fastdata.write as a tokens field
+    assert records.shard_paths == files["record_paths"]
+    loader = make_loader(records, 4, seq_len=lmscale.SEQ_LEN, eod=int(stream[-1]), tokens_only=True)
+    assert np.concatenate([batch["tokens"].numpy()[:, :-1].reshape(-1) for batch in loader]).tolist() == rows.tolist()
 
 
 def test_every_reader_is_timed_warm_and_from_disk_and_the_targets_are_ratios_of_its_rows(section):
@@ -69,4 +73,7 @@ def test_every_reader_is_timed_warm_and_from_disk_and_the_targets_are_ratios_of_
     target = by_name["lmscale: fastdata tokens_only rows from disk over the sequential read (bigger than the page "
                      "cache)"]
     assert target["value"] == pytest.approx(tokens / statistics.mean(limits))
+    records = next(row for row in rows if row["what"] == "records")["tokens_per_s"]
+    target = by_name["lmscale: a record file's tokens field from disk over the text folder's (tokens_only rows)"]
+    assert target["value"] == pytest.approx(records / tokens)
     assert "Bigger than the page cache" in section["text"] and "M tokens/s" in section["text"]
