@@ -101,6 +101,7 @@ class SequenceWindows:
         self._shard_first = np.append(first[self._shard_starts[:-1]], first[-1] + lengths[-1])
         self._itemsize = sequences.dtype.itemsize
         self._epoch, self._first_step, self._window, self._lag = 0, 0, None, 0
+        self._window_stop = 0  # the first position past ``_window``: a step before it needs no window work
         self._held, self._lock, self._reader = {}, threading.Lock(), None  # (epoch, window) -> its Stream
         self._files = self._pool = None  # this process's descriptors, and the threads that read a window's shards
         self._alignment, self._local = None, threading.local()  # direct I/O's (None: buffered); each thread's buffer
@@ -122,14 +123,14 @@ class SequenceWindows:
 
     def start(self, epoch, step):
         """Begin ``epoch`` at ``step``: hold its window, and read the next."""
-        self._epoch, self._first_step, self._window = epoch, step, None
+        self._epoch, self._first_step, self._window, self._window_stop = epoch, step, None, 0
         self.advance(step)
 
     def advance(self, step):
         """Note that ``step``'s rows are read next: hold their windows (and those of the steps read with it since
         ``step - lag``), read the one after."""
         start, stop = self.order.step_positions(step)
-        if start >= stop:
+        if start >= stop or stop <= self._window_stop:  # the rows lie in the window held since an earlier step
             return
         self._open()  # here, before any thread reads
         first = self.order.step_positions(max(step - self._lag, self._first_step))[0]
@@ -143,7 +144,7 @@ class SequenceWindows:
                 self._held = {held: stream for held, stream in self._held.items() if held in wanted}
                 self._spare = max(dropped, key=len, default=self._spare)  # the next window is read into it
             self._read_later(wanted[1])
-            self._window = window
+            self._window, self._window_stop = window, self.order.window_stop(*key)
         while key[1] != last:  # steps across windows: the later ones' rows are read now too
             key = self.order.window_after(*key)
             self._hold(key)
@@ -152,7 +153,7 @@ class SequenceWindows:
         """Wait for the window being read, let the windows go, close the files."""
         if self._reader is not None:
             self._reader.join()
-        self._reader, self._held, self._window, self._spare = None, {}, None, None
+        self._reader, self._held, self._window, self._window_stop, self._spare = None, {}, None, 0, None
         self._close_files()
 
     def _close_files(self):
@@ -166,7 +167,7 @@ class SequenceWindows:
 
     def __getstate__(self):
         return {**self.__dict__, "_held": {}, "_lock": None, "_reader": None, "_files": None, "_pool": None,
-                "_window": None, "_local": None, "_spare": None}
+                "_window": None, "_window_stop": 0, "_local": None, "_spare": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state, _lock=threading.Lock(), _local=threading.local())

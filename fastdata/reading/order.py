@@ -229,6 +229,13 @@ class EpochOrder:
         boundary = (short_window + 1) * span - self._short
         return position // span if position < boundary else (position + self._short) // span
 
+    def window_stop(self, epoch: int, window: int) -> int:
+        """Return the first position of ``epoch``'s sequence past ``window`` (windows hold contiguous positions;
+        those after the short block's window start ``_short`` earlier, as in ``_window_of``)."""
+        short_window = self._blocks(epoch)[1] // self.window
+        stop = (window + 1) * self.window * self.block_size - (self._short if window >= short_window else 0)
+        return min(stop, self.num_samples)
+
     def window_after(self, epoch: int, window: int) -> tuple[int, int]:
         """Return ``(epoch, window)`` read after ``window`` of ``epoch``: the next, or the next epoch's first."""
         last = (window + 1) * self.window >= self.num_blocks

@@ -100,6 +100,7 @@ def test_a_window_reads_whole_blocks_and_holds_the_samples_of_its_positions(sett
         assert np.all(ranges[:, 0] % order.block_size == 0) and np.all(ranges[1:, 0] >= ranges[:-1, 1])
         held = np.concatenate([np.arange(start, stop) for start, stop in ranges])
         assert np.array_equal(np.sort(sequence[windows == window]), held)
+        assert order.window_stop(epoch, window) == np.flatnonzero(windows == window)[-1] + 1  # its positions end
 
 
 def test_block_shuffle_keeps_batches_mixed_on_a_class_sorted_dataset():
