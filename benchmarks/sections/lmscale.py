@@ -101,16 +101,14 @@ def _records(files, folder):
     """Write the corpus's documents as a record folder's uint16 tokens field with ``fastdata.write``, unless written
     (its index is written last); return the folder."""
     from fastdata import Field, write
-    from fastdata.formats import read_packed
 
     if os.path.exists(os.path.join(folder, "index.json")):
         return folder
 
     def documents():
-        for shard in files["shard_paths"]:
-            columns, _ = read_packed(shard)
-            values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets).tolist()
-            yield from ({"tokens": values[start:stop]} for start, stop in zip(offsets, offsets[1:]))
+        for values, offsets in _stored_documents(files["shard_paths"]):
+            bounds = offsets.tolist()
+            yield from ({"tokens": values[start:stop]} for start, stop in zip(bounds, bounds[1:]))
 
     write(documents(), folder, {"tokens": Field("tokens", dtype="uint16")}, shard_size=SHARD_BYTES, overwrite=True)
     return folder
@@ -168,17 +166,22 @@ def _write_documents(path, num_docs, seed):
 
 def _write_stream(folder, path, eod):
     """Write every document's ids followed by ``eod`` as uint16 to ``path``, shard by shard; return the count."""
-    from fastdata.formats import read_packed
-
     written = 0
     with open(path, "wb") as f:
-        for shard in _shard_paths(folder):
-            columns, _ = read_packed(shard)
-            values, offsets = np.asarray(columns.samples), np.asarray(columns.offsets)
+        for values, offsets in _stored_documents(_shard_paths(folder)):
             stream = np.insert(values, offsets[1:], eod).astype(np.uint16)
             f.write(stream.tobytes())
             written += len(stream)
     return written
+
+
+def _stored_documents(shard_paths):
+    """Yield ``(ids, offsets)`` of each converted text shard: its documents' stored ids, back to back."""
+    from fastdata.formats import read_packed
+
+    for shard in shard_paths:
+        columns, _ = read_packed(shard)
+        yield np.asarray(columns.samples), np.asarray(columns.offsets)
 
 
 def _shard_paths(folder):

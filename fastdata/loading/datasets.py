@@ -154,6 +154,11 @@ class PackedDataset(BatchReads, Dataset):
         return [self._store.index.path(shard) for shard in range(self.num_shards)]
 
     @property
+    def shard_starts(self):
+        """int64 ``[S + 1]``: the first sample of each shard, then the number of samples (as RecordDataset's)."""
+        return self._store.index.starts
+
+    @property
     def nbytes(self):
         """Bytes of the packed files behind the dataset, as the index or the file's size gives them."""
         return int(self._store.index.sizes.sum())

@@ -95,7 +95,7 @@ class SequenceWindows:
         self.sequences, self.order = sequences, order
         dataset = sequences.dataset
         self.paths = dataset.shard_paths
-        self._shard_starts = dataset.shard_index.starts if sequences.field is None else dataset.shard_starts
+        self._shard_starts = dataset.shard_starts
         starts, lengths = sequences._stream()
         first = starts[:-1] - np.arange(len(lengths))  # each document's first id among all stored ids
         self._shard_first = np.append(first[self._shard_starts[:-1]], first[-1] + lengths[-1])
