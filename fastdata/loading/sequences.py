@@ -44,8 +44,9 @@ from fastdata.reading.packing import best_fit_rows, counted
 from fastdata.reading.shuffles import available_memory
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
-GROUP_TOKENS = 1 << 17  # tokens of concat rows read as one; see NOTE [grouped sequences]
-GROUP_BATCHES = 16  # batches read as one at most
+GROUP_BYTES = 4 << 20  # bytes of batches read as one; see NOTE [grouped sequences]
+GROUP_BATCHES = 32  # batches read as one at most
+DICT_TOKEN_BYTES = 32  # a dict batch's bytes a token: input_ids, labels, position_ids, document_ids (int64)
 PACKINGS = ("concat", "pad", "best_fit")
 
 
@@ -334,12 +335,17 @@ class TokenSequences:
         through make_loader(ds, 8, seq_len=2048, shuffle=True) over the lm
         benchmark's file (warm, 2 cores, 600 batches, 3 interleaved rounds,
         /tmp/lmgroup.py), by batches read as one: 1 54-70M tokens/s, 4
-        76-93M, 8 83-98M, 16 75-81M; so GROUP_TOKENS makes 8 of these. The
-        rows read by their pieces gain less (/tmp/lmgroup2.py, 2 rounds):
-        pad 55-59M alone, 63-73M by 8; best_fit 29-38M either way. A mix
-        of sequences reads its groups likewise (Mixture.start_batches, told
-        the epoch): the lm benchmark's 1:1 mix 12-13M alone, 26-27M by 8
-        (/tmp/lmmix.py, 3 rounds).
+        76-93M, 8 83-98M, 16 75-81M; so a group holds up to GROUP_BYTES of
+        batches, 8 of these (DICT_TOKEN_BYTES a token). The rows read by
+        their pieces gain less (/tmp/lmgroup2.py, 2 rounds): pad 55-59M
+        alone, 63-73M by 8; best_fit 29-38M either way. tokens_only rows
+        (2 bytes a token) gain from more: us a batch through the grouped
+        reads by batches read as one (/tmp/lmt/gsize2.py, 5 rounds in one
+        process): 16 5.80, 32 5.18, 64 5.01, where concat rows took 4 44.6,
+        8 41.1, 16 72.9; so GROUP_BATCHES is 32. A mix of sequences reads
+        its groups likewise (Mixture.start_batches, told the epoch): the lm
+        benchmark's 1:1 mix 12-13M alone, 26-27M by 8 (/tmp/lmmix.py, 3
+        rounds).
         """
         batches = self._batches(checked_indices(np.asarray(indices, np.int64), len(self), self.path), sizes,
                                 pin_memory)
@@ -347,7 +353,8 @@ class TokenSequences:
 
     def batches_per_read(self, batch_size):
         """How many batches of ``batch_size`` make_loader reads as one (NOTE [grouped sequences])."""
-        return max(1, min(GROUP_BATCHES, GROUP_TOKENS // max(batch_size * self.seq_len, 1)))
+        token_bytes = self.dtype.itemsize if self.tokens_only else DICT_TOKEN_BYTES
+        return max(1, min(GROUP_BATCHES, GROUP_BYTES // max(batch_size * self.seq_len * token_bytes, 1)))
 
     def _batches(self, indices, sizes, pin_memory):
         """Return the dict batches of ``sizes`` consecutive rows of ``indices`` (checked), read as one."""

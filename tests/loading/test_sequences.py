@@ -14,7 +14,7 @@ from support import run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.errors import FastPathWarning
-from fastdata.loading.sequences import GROUP_BATCHES, GROUP_TOKENS, IGNORE_INDEX, cu_seqlens
+from fastdata.loading.sequences import DICT_TOKEN_BYTES, GROUP_BATCHES, GROUP_BYTES, IGNORE_INDEX, cu_seqlens
 from fastdata.loading.sequencewindows import SequenceWindows, WholeStream
 from fastdata.reading.kernel import PAGE
 from fastdata.reading.readahead import ReadAhead
@@ -234,16 +234,17 @@ def test_full_concat_rows_are_read_a_slice_each_and_the_others_by_their_pieces(c
 
 
 @pytest.mark.parametrize("sharded", [False, True])
-@pytest.mark.parametrize("packing", ["concat", "pad", "best_fit"])
+@pytest.mark.parametrize("packing", ["concat", "pad", "best_fit", "tokens_only"])
 def test_batches_are_read_several_at_a_time_and_equal_those_read_one_by_one(corpus, monkeypatch, sharded, packing):
-    # NOTE [grouped sequences]: groups of GROUP_TOKENS (concat: a group holding the stream's last row by its pieces)
+    # NOTE [grouped sequences]: groups of GROUP_BYTES (concat: a group holding the stream's last row by its pieces)
     path, folder, _, eod = corpus
+    tokens_only = packing == "tokens_only"
     loader = make_loader(open_dataset(folder if sharded else path), 7, shuffle=True, seed=4, seq_len=97, eod=eod,
-                         packing=packing)
+                         **({"tokens_only": True} if tokens_only else {"packing": packing}))
     sequences, reads, start = loader.dataset, [], loader.dataset.start_batches
     monkeypatch.setattr(sequences, "start_batches", lambda indices, sizes, *args: reads.append(list(sizes)) or start(
         indices, sizes, *args))
-    group = GROUP_TOKENS // (7 * 97)
+    group = GROUP_BYTES // (7 * 97 * (sequences.dtype.itemsize if tokens_only else DICT_TOKEN_BYTES))
     assert sequences.batches_per_read(7) == min(group, GROUP_BATCHES) > 1
     orders = list(loader.sampler.batches(0, 0))  # epoch 0's index batches
     batches = list(loader)
