@@ -33,7 +33,7 @@ from fastdata.formats.shards import read_index, shard_differences, shard_mismatc
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.slots import ALIGN
-from fastdata.reading.kernel import advise_column, check_pattern, column_spans, hint_spans
+from fastdata.reading.kernel import advise_column, check_pattern, hint_spans, sharded_spans
 from fastdata.reading.remote import cached_shards, check_prefetch
 from fastdata.storage.urls import is_url, read_remote_index
 
@@ -90,7 +90,7 @@ class RecordDataset(Dataset):
         self._recent = []  # a URL's open shards, least recently opened first
         self.fingerprint = _fingerprint(self.path, self.metadata, self._index)
         self._shards, self._decoders, self._pid = None, None, None
-        self._advice = None  # (tokens field, access pattern) set on every shard mapped: see ``advise_tokens``
+        self._advice = None  # (tokens field, access pattern) set on every shard mapped: see ``TokenField.advise``
 
     def __repr__(self):
         described = ", ".join(_described(name, self.schema[name]) for name in self.fields)
@@ -215,71 +215,9 @@ class RecordDataset(Dataset):
                      for name, value in batch.items()}
         return batch
 
-    def token_lengths(self, name):
-        """Return int64 ``[N]``: the length of every value of the tokens field ``name`` (its offsets, every shard)."""
-        return np.concatenate([np.diff(np.asarray(self._open(shard)[name].offsets))
-                               for shard in range(len(self._files))]).astype(np.int64)
-
-    def token_values(self, name):
-        """Yield ``(first value, ids)`` of each shard of the tokens field ``name``: the index of its first value, and
-        its values' ids back to back (a view of the mapped column)."""
-        for shard in range(len(self._files)):
-            column = self._open(shard)[name]
-            offsets = np.asarray(column.offsets)
-            yield int(self._starts[shard]), np.asarray(column.values)[offsets[0] : offsets[-1]]
-
-    def token_offsets(self, name):
-        """Return where each shard's first stored id of the tokens field ``name`` lies in its file, in bytes."""
-        itemsize = self.schema[name].stored_dtype.itemsize
-        return [field_offset(path, name) + int(self._open(shard)[name].offsets[0]) * itemsize
-                for shard, path in enumerate(self._files)]
-
-    def advise_tokens(self, name, pattern):
-        """Set the access ``pattern`` ("random" or "normal") of the ids of the tokens field ``name`` in every shard:
-        those mapped in this process and those mapped later (here or in workers this dataset is pickled into)."""
-        check_pattern(pattern)
-        self._advice = (name, pattern)
-        if self._shards is not None and self._pid == os.getpid():
-            for columns in self._shards:
-                if columns is not None:
-                    advise_column(np.asarray(columns[name].values), pattern)
-
-    def hint_tokens(self, name, ranges, hint, give=None):
-        """Give the kernel a ``hint`` ("will_need", "done", "drop": reading/kernel.hint_spans) on the ids of the
-        tokens field ``name`` of records ``[start, stop)`` (int64 ``[K, 2]``, clipped to the dataset); return
-        whether it was asked. ``give`` runs the kernel call, as PackedDataset.will_need's."""
-        ranges = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2), 0, self._num_samples)
-        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
-        if not len(ranges):
-            return False
-        first = int(np.searchsorted(self._starts, ranges[:, 0].min(), side="right")) - 1
-        last = int(np.searchsorted(self._starts, ranges[:, 1].max() - 1, side="right")) - 1
-        starts, stops = [], []
-        for shard in range(first, last + 1):  # each range cut at the shards' bounds
-            low, high = int(self._starts[shard]), int(self._starts[shard + 1])
-            mine = np.clip(ranges, low, high) - low
-            mine = mine[mine[:, 1] > mine[:, 0]]
-            if len(mine):
-                column = self._open(shard)[name]
-                begin, end = column_spans(np.asarray(column.values), np.asarray(column.offsets), mine)
-                starts.append(begin)
-                stops.append(end)
-        return hint_spans(np.concatenate(starts), np.concatenate(stops), hint, give)
-
-    def read_token_ranges(self, documents, starts, stops, name):
-        """Return the ids ``starts[p]:stops[p]`` of value ``documents[p]`` of the tokens field ``name`` for each
-        piece ``p`` (int64 ``[P]`` each, in range), joined: int64 ``[sum(stops - starts)]``; a slice per piece."""
-        shards = np.searchsorted(self._starts, documents, side="right") - 1
-        pieces = [None] * len(documents)
-        for shard in np.unique(shards).tolist():
-            column = self._open(shard)[name]
-            values, offsets = np.asarray(column.values), np.asarray(column.offsets)
-            mine = np.flatnonzero(shards == shard)
-            bases = offsets[documents[mine] - self._starts[shard]]
-            for piece, base, start, stop in zip(mine.tolist(), bases.tolist(), starts[mine].tolist(),
-                                                stops[mine].tolist()):
-                pieces[piece] = values[base + start : base + stop]
-        return np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, np.int64)
+    def token_field(self, name):
+        """Return the TokenField of the tokens field ``name``: its values seen as a text dataset's documents."""
+        return TokenField(self, name)
 
     def _read_part(self, shard, indices, threads):
         """Return the dict batch of rows ``indices`` (checked, in range) of ``shard``."""
@@ -329,6 +267,95 @@ class RecordDataset(Dataset):
                                                                       field.stored_dtype.itemsize)
             total += batch_size * row + ALIGN
         return total
+
+
+class TokenField:
+    """A RecordDataset's tokens field seen as a text dataset's documents (one value, one document): what
+    TokenSequences asks of either (``lengths``, ``nbytes``, ``read_token_ranges``, ``advise``, ``will_need``,
+    ``done_with``), and what its window reads ask of a field (``values``, ``file_offsets``)."""
+
+    def __init__(self, dataset, name):
+        self.dataset, self.name = dataset, name
+
+    @property
+    def lengths(self):
+        """int64 ``[N]``: the length of every value (its offsets, every shard)."""
+        dataset = self.dataset
+        return np.concatenate([np.diff(np.asarray(dataset._open(shard)[self.name].offsets))
+                               for shard in range(len(dataset._files))]).astype(np.int64)
+
+    @property
+    def nbytes(self):
+        """Bytes of the stored ids (what decides a block order); None at a URL, whose shards are fetched as its
+        index says."""
+        if self.dataset.is_remote:
+            return None
+        return int(self.lengths.sum()) * self.dataset.schema[self.name].stored_dtype.itemsize
+
+    def values(self):
+        """Yield ``(first value, ids)`` of each shard: the index of its first value, and its values' ids back to back
+        (a view of the mapped column)."""
+        dataset = self.dataset
+        for shard in range(len(dataset._files)):
+            column = dataset._open(shard)[self.name]
+            offsets = np.asarray(column.offsets)
+            yield int(dataset._starts[shard]), np.asarray(column.values)[offsets[0] : offsets[-1]]
+
+    def file_offsets(self):
+        """Return where each shard's first stored id lies in its file, in bytes."""
+        dataset = self.dataset
+        itemsize = dataset.schema[self.name].stored_dtype.itemsize
+        return [field_offset(path, self.name) + int(dataset._open(shard)[self.name].offsets[0]) * itemsize
+                for shard, path in enumerate(dataset._files)]
+
+    def advise(self, pattern):
+        """Set the access ``pattern`` ("random" or "normal") of the ids in every shard: those mapped in this process
+        and those mapped later (here or in workers the dataset is pickled into)."""
+        check_pattern(pattern)
+        dataset = self.dataset
+        dataset._advice = (self.name, pattern)
+        if dataset._shards is not None and dataset._pid == os.getpid():
+            for columns in dataset._shards:
+                if columns is not None:
+                    advise_column(np.asarray(columns[self.name].values), pattern)
+
+    def will_need(self, ranges, give=None):
+        """Ask the kernel to read the ids of values ``[start, stop)`` of ``ranges`` now; see PackedDataset's."""
+        return self.hint(ranges, "will_need", give)
+
+    def done_with(self, ranges, drop=False):
+        """Tell the kernel the ids of the values of ``ranges`` are not read again soon; see PackedDataset's."""
+        self.hint(ranges, "drop" if drop else "done")
+
+    def hint(self, ranges, hint, give=None):
+        """Give the kernel a ``hint`` ("will_need", "done", "drop": reading/kernel.hint_spans) on the ids of values
+        ``[start, stop)`` (int64 ``[K, 2]``, clipped to the dataset); return whether it was asked. ``give`` runs
+        the kernel call, as PackedDataset.will_need's."""
+        dataset = self.dataset
+        ranges = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2), 0, dataset._num_samples)
+        ranges = ranges[ranges[:, 1] > ranges[:, 0]]
+        if not len(ranges):
+            return False
+        starts, stops = sharded_spans(ranges, dataset._starts, lambda shards: (
+            (np.asarray(column.values), np.asarray(column.offsets))
+            for column in (dataset._open(shard)[self.name] for shard in shards)))
+        return hint_spans(starts, stops, hint, give)
+
+    def read_token_ranges(self, documents, starts, stops):
+        """Return the ids ``starts[p]:stops[p]`` of value ``documents[p]`` for each piece ``p`` (int64 ``[P]`` each,
+        in range), joined: int64 ``[sum(stops - starts)]``; a slice per piece."""
+        dataset = self.dataset
+        shards = np.searchsorted(dataset._starts, documents, side="right") - 1
+        pieces = [None] * len(documents)
+        for shard in np.unique(shards).tolist():
+            column = dataset._open(shard)[self.name]
+            values, offsets = np.asarray(column.values), np.asarray(column.offsets)
+            mine = np.flatnonzero(shards == shard)
+            bases = offsets[documents[mine] - dataset._starts[shard]]
+            for piece, base, start, stop in zip(mine.tolist(), bases.tolist(), starts[mine].tolist(),
+                                                stops[mine].tolist()):
+                pieces[piece] = values[base + start : base + stop]
+        return np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, np.int64)
 
 
 def _picked(fields, schema, path):

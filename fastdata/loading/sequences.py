@@ -84,6 +84,8 @@ class TokenSequences:
             raise OptionError(f"tokens_only=True yields concat rows as stored; packing={packing!r} rows hold "
                               "padding that only the dict batches' labels mark: use packing='concat'")
         self.dataset, self.seq_len, self.packing, self.tokens_only = dataset, seq_len, packing, bool(tokens_only)
+        # the documents' ids: a text dataset's own, or a record file's tokens field seen as one (a TokenField)
+        self.documents = dataset if self.field is None else dataset.token_field(self.field)
         if self.field is None:  # a text file: its tokenizer, and the eod convert text --eod recorded
             recorded = dataset.metadata.get("preprocessing", {}).get("eod")
             tokenizer = dataset.metadata["tokenizer"]
@@ -141,7 +143,7 @@ class TokenSequences:
 
     def _stream(self):
         if self._starts is None:
-            lengths = self.dataset.lengths if self.field is None else self.dataset.token_lengths(self.field)
+            lengths = self.documents.lengths
             self._lengths = np.asarray(lengths, np.int64)
             self._starts = np.zeros(len(lengths) + 1, np.int64)
             np.cumsum(self._lengths + 1, out=self._starts[1:])
@@ -232,32 +234,19 @@ class TokenSequences:
         fit (/tmp/lmt/coldrec.py); rank 0 of 2 15.1-20.6M at 2.6-2.9x
         against 10.2M at 32.7x unhinted (/tmp/lmt/rank.py).
         """
-        if self.field is None:
-            return getattr(self.dataset, "nbytes", None)
-        if self.is_remote:
-            return None
-        _, lengths = self._stream()
-        return int(lengths.sum()) * self.dtype.itemsize
+        return getattr(self.documents, "nbytes", None)
 
     def advise(self, pattern):
         """Tell the kernel how the documents' ids will be read ("random" or "normal"): see NOTE [sequence blocks]."""
-        if self.field is None:
-            self.dataset.advise(pattern)
-        else:
-            self.dataset.advise_tokens(self.field, pattern)
+        self.documents.advise(pattern)
 
     def will_need(self, ranges, give=None):
         """Ask the kernel to read the ids of the rows ``[start, stop)`` of ``ranges`` now; see PackedDataset's."""
-        if self.field is None:
-            return self.dataset.will_need(self._document_ranges(ranges), give)
-        return self.dataset.hint_tokens(self.field, self._document_ranges(ranges), "will_need", give)
+        return self.documents.will_need(self._document_ranges(ranges), give)
 
     def done_with(self, ranges, drop=False):
         """Tell the kernel the ids of the rows of ``ranges`` are not read again soon; see PackedDataset's."""
-        if self.field is None:
-            self.dataset.done_with(self._document_ranges(ranges), drop)
-        else:
-            self.dataset.hint_tokens(self.field, self._document_ranges(ranges), "drop" if drop else "done")
+        self.documents.done_with(self._document_ranges(ranges), drop)
 
     def _document_ranges(self, ranges):
         """Return int64 ``[K, 2]`` document ranges ``[first, last + 1)`` holding the tokens of row ``ranges``."""
@@ -490,8 +479,7 @@ class TokenSequences:
         ids = np.cumsum(sizes)[ends > stored_ends] - 1  # where an end-of-document id lies among them
         values = np.ones(len(flat), bool)
         values[ids] = False
-        ranges = (documents, begins, stored_ends) + ((self.field,) if self.field is not None else ())
-        flat[values] = self.dataset.read_token_ranges(*ranges)
+        flat[values] = self.documents.read_token_ranges(documents, begins, stored_ends)
         flat[ids] = self.eod
         positions, owners = np.repeat(begins, sizes) + counted(sizes), np.repeat(documents, sizes)
         if len(flat) == inside.size:  # every row full (all of a concat batch but the stream's last row): reshape

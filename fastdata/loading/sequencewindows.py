@@ -325,7 +325,7 @@ class SequenceWindows:
                 raise OSError(f"the files changed since they were opened: {changed}; open the dataset again")
             field = self.sequences.field  # each shard's first stored id: a text file's samples, a record field's
             self._columns = ([column_offsets(path)[0] for path in self.paths] if field is None
-                             else self.sequences.dataset.token_offsets(field))
+                             else self.sequences.documents.file_offsets())
             self._alignment = direct_alignment(self.paths[0]) if self.drop_behind else None
             flags = os.O_RDONLY | (os.O_DIRECT if self._alignment else 0)
             self._files = [os.open(path, flags) for path in self.paths]
@@ -397,7 +397,7 @@ class WholeStream(SequenceWindows):
         if self.sequences.field is None:  # a text file or folder: preads of its shards
             return self._stream_of(np.array([[0, len(starts) - 1]], np.int64))
         ids = np.empty(int(starts[-1]), self.sequences.dtype)  # a record file's field: from its mapped columns
-        shards = list(self.sequences.dataset.token_values(self.sequences.field))
+        shards = list(self.sequences.documents.values())
         for (first, values), stop in zip(shards, [first for first, _ in shards[1:]] + [len(starts) - 1]):
             self._spread(values, ids[starts[first] : starts[stop]], first, stop)
         return Stream(starts[:1], starts[-1:], np.zeros(1, np.int64), ids, ids)

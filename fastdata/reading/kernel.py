@@ -150,6 +150,29 @@ def column_spans(samples: np.ndarray, offsets: np.ndarray | None, ranges: np.nda
     return base + bounds[:, 0].astype(np.uint64), base + bounds[:, 1].astype(np.uint64)
 
 
+def sharded_spans(ranges: np.ndarray, shard_starts: np.ndarray, columns):
+    """Return the uint64 addresses ``(starts, stops)`` of global rows ``[start, stop)`` over shards, each range cut
+    at the shards' bounds (``column_spans`` per shard).
+
+    Args:
+        ranges: int64 ``[K, 2]`` global row ranges, non-empty and in range.
+        shard_starts: int64 ``[S + 1]``: each shard's first global row, then the rows' count.
+        columns: called with the shard numbers the ranges touch (ascending), returns each one's mapped
+            ``(samples, offsets)`` (see ``column_spans``), in that order.
+    """
+    first = np.searchsorted(shard_starts, ranges[:, 0], side="right") - 1
+    last = np.searchsorted(shard_starts, ranges[:, 1] - 1, side="right") - 1
+    if (first != last).any():  # a range over shards: cut it at their starts
+        cuts = [[start, *shard_starts[shard + 1 : end + 1].tolist(), stop]
+                for (start, stop), shard, end in zip(ranges.tolist(), first.tolist(), last.tolist())]
+        ranges = np.array([(a, b) for bounds in cuts for a, b in zip(bounds, bounds[1:])], dtype=np.int64)
+        first = np.searchsorted(shard_starts, ranges[:, 0], side="right") - 1
+    shards, where = np.unique(first, return_inverse=True)
+    spans = [column_spans(samples, offsets, ranges[where == k] - shard_starts[shard])
+             for k, (shard, (samples, offsets)) in enumerate(zip(shards.tolist(), columns(shards.tolist())))]
+    return np.concatenate([begin for begin, _ in spans]), np.concatenate([end for _, end in spans])
+
+
 def resident_pages(path: str | os.PathLike) -> np.ndarray:
     """Return bool ``[pages]``: which pages of the file at ``path`` are in the page cache now (mincore).
 

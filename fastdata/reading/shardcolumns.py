@@ -13,7 +13,7 @@ from fastdata.errors import FormatError
 from fastdata.formats import column_offsets
 from fastdata.formats.layout import bad_label_samples, format_samples, label_bounds
 from fastdata.formats.shards import COLUMN_FILES, INDEX_NAME, parse_column
-from fastdata.reading.kernel import advise_column, column_spans, hint_spans
+from fastdata.reading.kernel import advise_column, hint_spans, sharded_spans
 
 
 class ShardColumns:
@@ -105,15 +105,6 @@ class ShardColumns:
         ranges = ranges[ranges[:, 1] > ranges[:, 0]]
         if not len(ranges):
             return False
-        starts = self.index.starts
-        first = self.index.shard_of(ranges[:, 0])
-        last = self.index.shard_of(ranges[:, 1] - 1)
-        if (first != last).any():  # a range over shards: cut it at their starts
-            cuts = [[start, *starts[shard + 1:end + 1].tolist(), stop]
-                    for (start, stop), shard, end in zip(ranges.tolist(), first.tolist(), last.tolist())]
-            ranges = np.array([(a, b) for bounds in cuts for a, b in zip(bounds, bounds[1:])], dtype=np.int64)
-            first = self.index.shard_of(ranges[:, 0])
-        shards, where = np.unique(first, return_inverse=True)
-        spans = [column_spans(columns.samples, columns.offsets, ranges[where == k] - starts[shard])
-                 for k, (shard, columns) in enumerate(zip(shards.tolist(), self.columns(shards)))]
-        return hint_spans(np.concatenate([s for s, _ in spans]), np.concatenate([s for _, s in spans]), hint, give)
+        starts, stops = sharded_spans(ranges, self.index.starts, lambda shards: (
+            (columns.samples, columns.offsets) for columns in self.columns(shards)))
+        return hint_spans(starts, stops, hint, give)

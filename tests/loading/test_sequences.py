@@ -454,7 +454,7 @@ def test_the_kernel_hints_of_a_record_tokens_field_cover_the_ids_of_those_rows(c
                 expected.add((begin // PAGE * PAGE, -(-end // PAGE) * PAGE - begin // PAGE * PAGE))
         asked = []
         sequences.done_with(np.array([[first_row, stop_row]]))  # "done" asks whatever is cached
-        assert dataset.hint_tokens("tokens", np.array([[first, stop]]), "done",
+        assert dataset.token_field("tokens").hint(np.array([[first, stop]]), "done",
                                    lambda call, spans, advice, asked=asked: asked.append(spans))
         merged = []  # shards mapped side by side: their spans join
         for address, length in sorted(expected):

@@ -17,7 +17,7 @@ from support import column_regions, private_copy, wait_for
 from fastdata import open_dataset
 from fastdata.errors import FormatError
 from fastdata.formats import read_packed
-from fastdata.reading.kernel import PAGE, _page_spans, evict, resident_pages
+from fastdata.reading.kernel import PAGE, _page_spans, evict, resident_pages, sharded_spans
 from fastdata.reading.order import EpochOrder
 from fastdata.reading.readahead import HINT_THREADS, ReadAhead, runs
 
@@ -297,6 +297,40 @@ def test_page_spans_cover_the_pages_of_the_ranges_merged(ranges):
         got |= set(range(address // PAGE, (address + length) // PAGE))
     assert got == expected
     assert (spans[1:, 0] > spans[:-1, 0] + spans[:-1, 1]).all()  # sorted, with a gap between spans
+
+
+@given(st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=8), min_size=1, max_size=5), st.booleans(),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(1, 12)), min_size=1, max_size=6))
+def test_sharded_spans_are_each_rows_bytes_in_its_own_shard(shards, ragged, ranges):
+    # a range over shards is cut at their bounds, and each piece's bytes are found in the shard that holds it
+    lengths = [np.array(sizes, np.int64) for sizes in shards]
+    columns = [(np.zeros(int(sizes.sum()), np.uint16), np.append(0, np.cumsum(sizes))) if ragged
+               else (np.zeros((len(sizes), 3), np.uint32), None) for sizes in lengths]
+    shard_starts = np.append(0, np.cumsum([len(sizes) for sizes in lengths]))
+    total = int(shard_starts[-1])
+    ranges = np.array([(min(a, total - 1), min(a + n, total)) for a, n in ranges], np.int64)
+    asked = []
+
+    def columns_of(numbers):
+        asked.append(numbers)
+        return (columns[number] for number in numbers)
+
+    starts, stops = sharded_spans(ranges, shard_starts, columns_of)
+    expected = set()
+    for start, stop in ranges.tolist():
+        for row in range(start, stop):
+            shard = int(np.searchsorted(shard_starts, row, side="right")) - 1
+            samples, offsets = columns[shard]
+            local = row - int(shard_starts[shard])
+            base = samples.ctypes.data
+            if offsets is None:
+                expected |= set(range(base + local * 12, base + local * 12 + 12))
+            else:
+                expected |= set(range(base + int(offsets[local]) * 2, base + int(offsets[local + 1]) * 2))
+    got = set()
+    for begin, end in zip(starts.tolist(), stops.tolist()):
+        got |= set(range(begin, end))
+    assert got == expected and asked == [sorted(asked[0])] and len(set(asked[0])) == len(asked[0])
 
 
 def test_hints_run_on_their_threads_and_a_failing_one_stops_none(copied):
