@@ -31,11 +31,22 @@ the stream and groups 172.7-189.5M at 1.04-1.08x (LitData 85.0-125.1M);
 buffered reads of the shards on 16 threads 188-191M against 149-157M on
 one; direct I/O and reused memory 236.6-236.8M at 1.09x, against the
 sequential read of the files 665-685M and LitData 82.0M in the same run.
-What is left is CPU on 2 cores: an epoch after its first window takes
-1.4-2.3 s, with 1.4-2.4 s of user and 0.4-0.5 s of system time
-(/tmp/lmt/wtime.py); beside the reads the loader's own per-batch Python
-runs 3-5x slower than warm (cProfile: torch's split 51 us a group against
-8 us), and the masked copies take ~0.64 ns a token (/tmp/lmt/maskb.py).
+On that host what was left was CPU on 2 cores: an epoch after its first
+window took 1.4-2.3 s, with 1.4-2.4 s of user and 0.4-0.5 s of system time
+(/tmp/lmt/wtime.py), the masked copies ~0.64 ns a token
+(/tmp/lmt/maskb.py). On an AMD EPYC host whose disk reads the shards at
+2.2-2.4 GB/s the reads were the limit instead: direct reads into 4 KiB
+pages gave 1.2-1.5 GB/s, and the loop waited 0.3-0.4 s an epoch for
+windows (epochs of 0.66-0.79 s, 0.5-0.7 s of CPU). Read buffers of huge
+pages (NOTE [huge read buffers] in reading/windows.py) read a window
+alone at 2.3-2.5 GB/s, 1.9-2.1 GB/s with its masked copies (0.36 ns a
+token alone, /tmp/lmt/winread.py, /tmp/lmt/spread.py); in the loader
+(/tmp/lmt/wtime.py 1.07, 3-5 epochs in a fresh process each, the disk's
+rate drifting between runs) 776-887M tokens/s on 16 threads and
+743-1,068M on 4, with less system time (0.13-0.18 s an epoch against
+0.26-0.33), so READ_THREADS is 4; against the sequential read around
+each run (/tmp/lmt/cmp.sh) 0.70-0.75 on 4, 16 or 32 threads, and 0.65
+before the huge pages.
 Workers and ranks keep the hints: each would read every window. A row
 outside the windows held (a sampler walked by hand beside the loader) is
 read through the map and warns once.
@@ -50,11 +61,11 @@ import numpy as np
 
 from fastdata.errors import FastPathWarning
 from fastdata.formats import column_offsets
-from fastdata.reading.windows import direct_alignment
+from fastdata.reading.windows import direct_alignment, direct_buffer
 
 READ_BYTES = 16 << 20  # bytes a pread asks for at most
 CHUNK_IDS = 1 << 20  # stored ids read, then spread around their end-of-document ids, at a time (per thread)
-READ_THREADS = 16  # shards of a window read at once
+READ_THREADS = 4  # shards of a window read at once: NOTE [sequence windows]
 SPARE_ROOM = 1.05  # a window's memory is made this much larger than its ids, so the next ones fit in it again
 HOLD_SHARE = 0.25  # the share of available memory a stream WholeStream holds may take: NOTE [whole stream]
 GROUP_ANY = 1 << 30  # batches read as one beside WholeStream: no bound of its own
@@ -314,7 +325,7 @@ class SequenceWindows:
         """Return this thread's buffer of ``size`` bytes at an ``align``-aligned address (a memoryview)."""
         buffer = getattr(self._local, "buffer", None)
         if buffer is None or len(buffer) < size + align:
-            buffer = self._local.buffer = np.empty(size + align, np.uint8)
+            buffer = self._local.buffer = direct_buffer(size + align)  # NOTE [huge read buffers] in reading/windows.py
         first = -buffer.ctypes.data % align
         return memoryview(buffer[first : first + size])
 

@@ -18,7 +18,15 @@ from fastdata.formats.layout import COLUMN_ALIGNMENT
 from fastdata.measure.synthetic import make_imagefolder
 from fastdata.reading.order import EpochOrder
 from fastdata.reading.readahead import ReadAhead
-from fastdata.reading.windows import MAX_SLACK, WindowAhead, WindowReads, direct_alignment, place_runs
+from fastdata.reading.windows import (
+    HUGE_PAGE,
+    MAX_SLACK,
+    WindowAhead,
+    WindowReads,
+    direct_alignment,
+    direct_buffer,
+    place_runs,
+)
 
 NUM_CLASSES, PER_CLASS = 5, 40  # 200 photos of varied sizes, modes and formats
 
@@ -328,3 +336,39 @@ def test_placed_runs_are_aligned_apart_and_put_each_first_row_on_a_row(data, row
     gaps = np.diff(np.concatenate(([first_row], rows))) - np.concatenate(([0], counts[:-1]))
     slack = np.where(off, 1 + -(-3 * alignment // row_bytes), period - 1 + -(-2 * alignment // row_bytes))
     assert (gaps <= slack).all()  # WindowReads' slack per run
+
+
+def _vm_flags(address):
+    """Return the VmFlags of this process's mapping holding ``address`` (/proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(bound, 16) for bound in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_direct_buffers_start_on_a_huge_page_ask_for_huge_pages_and_take_direct_reads(tmp_path):
+    # NOTE [huge read buffers]: the memory a window's direct reads go to starts on a huge page and is advised
+    buffer = direct_buffer(3 * HUGE_PAGE + 5)
+    assert buffer.dtype == np.uint8 and buffer.nbytes == 3 * HUGE_PAGE + 5
+    assert buffer.ctypes.data % HUGE_PAGE == 0
+    if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        pytest.skip("this kernel has no transparent huge pages to ask for")
+    assert "hg" in _vm_flags(buffer.ctypes.data)
+    path = tmp_path / "data.bin"
+    data = np.random.default_rng(0).integers(0, 256, 2 * HUGE_PAGE, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    alignment = direct_alignment(path)
+    if alignment is None:
+        pytest.skip(f"the file system of {tmp_path} refuses direct I/O")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.preadv(fd, [memoryview(buffer[: 2 * HUGE_PAGE])], 0) == 2 * HUGE_PAGE
+    finally:
+        os.close(fd)
+    assert np.array_equal(buffer[: 2 * HUGE_PAGE], data)
