@@ -46,7 +46,14 @@ rate drifting between runs) 776-887M tokens/s on 16 threads and
 743-1,068M on 4, with less system time (0.13-0.18 s an epoch against
 0.26-0.33), so READ_THREADS is 4; against the sequential read around
 each run (/tmp/lmt/cmp.sh) 0.70-0.75 on 4, 16 or 32 threads, and 0.65
-before the huge pages.
+before the huge pages. The windows' own memory is huge pages too
+(direct_buffer: faulted in 2 MiB at a time, gathered from with fewer TLB
+misses): 15 s rows, alternating with the commit before, 3 rounds in one
+session: 0.748-0.772 of the sequential read against 0.664-0.720. Reading
+each run's stored ids straight into the window's memory and spreading them
+in place read a window alone faster (2.12 against 1.63 GB/s,
+/tmp/lmt/winab.py) but not in the loader (0.69-0.76 against 0.72-0.73),
+so it was left out.
 Workers and ranks keep the hints: each would read every window. A row
 outside the windows held (a sampler walked by hand beside the loader) is
 read through the map and warns once.
@@ -261,7 +268,7 @@ class SequenceWindows:
         with self._lock:
             memory, self._spare = self._spare, None
         if memory is None or len(memory) < size:  # see SPARE_ROOM
-            memory = np.empty(int(size * SPARE_ROOM), self.sequences.dtype)
+            memory = direct_buffer(int(size * SPARE_ROOM) * self._itemsize).view(self.sequences.dtype)
         ids = memory[:size]
         shard_starts = self._shard_starts  # each shard's first document
         pieces = {}  # shard -> its runs' documents (first, stop, place in ids), in file order
