@@ -128,8 +128,12 @@ def _write_litdata(stream_path, folder):
     from litdata.streaming.item_loader import TokensLoader
 
     shutil.rmtree(folder, ignore_errors=True)
+    # keep_data_ordered: each worker writes a slice of the pieces in order. By default its workers share one queue,
+    # and a chunk joined pieces that are not neighbours in the stream (a fresh-clone CI run saw a block of LitData's
+    # that the stream does not hold).
     optimize(fn=partial(_stream_piece, stream_path), inputs=list(range(LITDATA_PIECES)), output_dir=folder,
-             chunk_size=(SEQ_LEN + 1) * 1024, item_loader=TokensLoader(), num_workers=2, mode="overwrite")
+             chunk_size=(SEQ_LEN + 1) * 1024, item_loader=TokensLoader(), num_workers=2, mode="overwrite",
+             keep_data_ordered=True)
     return folder
 
 
