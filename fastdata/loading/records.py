@@ -288,9 +288,12 @@ class TokenField:
     def nbytes(self):
         """Bytes of the stored ids (what decides a block order); None at a URL, whose shards are fetched as its
         index says."""
-        if self.dataset.is_remote:
+        dataset = self.dataset
+        if dataset.is_remote:
             return None
-        return int(self.lengths.sum()) * self.dataset.schema[self.name].stored_dtype.itemsize
+        ids = sum(int(offsets[-1] - offsets[0]) for offsets in
+                  (np.asarray(dataset._open(shard)[self.name].offsets) for shard in range(len(dataset._files))))
+        return ids * dataset.schema[self.name].stored_dtype.itemsize
 
     def values(self):
         """Yield ``(first value, ids)`` of each shard: the index of its first value, and its values' ids back to back

@@ -316,7 +316,7 @@ class SequenceWindows:
         offset = self._columns[shard] + (start - int(self._shard_first[shard])) * self._itemsize
         size, align = (stop - start) * self._itemsize, self._alignment or 1
         low = offset // align * align  # direct I/O reads whole aligned blocks into aligned memory
-        view = self._buffer(-(-(offset + size) // align) * align - low, align)
+        view = self._buffer(-(-(offset + size) // align) * align - low)
         done = 0
         while done < offset + size - low:
             got = os.preadv(files[shard], [view[done : done + READ_BYTES]], low + done)
@@ -328,13 +328,13 @@ class SequenceWindows:
             os.posix_fadvise(files[shard], offset, size, os.POSIX_FADV_DONTNEED)
         return np.frombuffer(view, self.sequences.dtype, stop - start, offset - low)
 
-    def _buffer(self, size, align):
-        """Return this thread's buffer of ``size`` bytes at an ``align``-aligned address (a memoryview)."""
+    def _buffer(self, size):
+        """Return this thread's buffer of ``size`` bytes (a memoryview), on a huge page and so at any direct I/O
+        alignment (NOTE [huge read buffers] in reading/windows.py)."""
         buffer = getattr(self._local, "buffer", None)
-        if buffer is None or len(buffer) < size + align:
-            buffer = self._local.buffer = direct_buffer(size + align)  # NOTE [huge read buffers] in reading/windows.py
-        first = -buffer.ctypes.data % align
-        return memoryview(buffer[first : first + size])
+        if buffer is None or len(buffer) < size:
+            buffer = self._local.buffer = direct_buffer(size)
+        return memoryview(buffer[:size])
 
     def _open(self):
         if self._files is None:
