@@ -30,8 +30,10 @@ goes on in the same group.
 """
 
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 
@@ -116,6 +118,7 @@ def readahead_of(loader):
 
 
 def main(spec_path, rank):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # test_ddp.py asks a hung rank where it waits
     with open(spec_path) as f:
         spec = json.load(f)
     torch.set_num_threads(1)

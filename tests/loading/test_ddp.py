@@ -7,10 +7,12 @@ one image per class, so a batch's labels say which samples it holds.
 """
 
 import contextlib
+import glob
 import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,6 +150,56 @@ def error_tail(folder, rank):
         return f.read()[-3000:]
 
 
+def hung_report(ranks):
+    """Say where a hung group waits: each rank still running prints its threads' stacks to its stderr
+    (faulthandler in ddp_worker.py); returned, each of its processes (its loader's workers too) with
+    its state, threads and kernel wait, and its native stacks where gdb is installed.
+
+    A rank's DataLoader worker once hung before its first batch, single-threaded in a futex wait (1 run in
+    about 50 of the 4-rank case; 2026-11-29): its Python stack cannot be printed from inside (faulthandler
+    crashed in the forked worker), so gdb's is the one to read.
+    """
+    lines = []
+    for rank, proc in enumerate(ranks):
+        if proc.poll() is not None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR1)
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            lines.append(f"rank {rank} pid {pid}: {process_state(pid)}")
+            if shutil.which("gdb"):
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                    lines.append(subprocess.run(["gdb", "-p", str(pid), "-batch", "-iex", "set auto-load safe-path /",
+                                                 "-ex", "thread apply all py-bt", "-ex", "thread apply all bt 25"],
+                                                capture_output=True, text=True, timeout=60).stdout[-6000:])
+    time.sleep(1)  # the ranks' stacks reach their stderr
+    return "\n".join(lines)
+
+
+def descendants(pid):
+    """Return the pids of ``pid``'s children, theirs, and so on."""
+    found, pending = [], [pid]
+    while pending:
+        for task in glob.glob(f"/proc/{pending.pop()}/task/*/children"):
+            with contextlib.suppress(OSError), open(task) as f:
+                children = [int(child) for child in f.read().split()]
+            found += children
+            pending += children
+    return found
+
+
+def process_state(pid):
+    """Return ``pid``'s state, thread count and kernel wait channel, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        with open(f"/proc/{pid}/wchan") as f:
+            wchan = f.read()
+    except OSError as exc:
+        return f"gone ({exc.strerror})"
+    return f"state {status['State'].strip()}, {status['Threads'].strip()} threads, waits in {wchan or '-'}"
+
+
 def every_error_tail(folder, world_size):
     """Every rank's stderr tail: the rank that fails first is often a victim of another rank's error."""
     return "\n".join(f"--- rank {rank} stderr:\n{error_tail(folder, rank)}" for rank in range(world_size))
@@ -165,6 +217,7 @@ def spawn(path, world_size, runs, folder, cgroups=None):
                 code = proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 pytest.fail(f"rank {rank} of {world_size} still running after {SPAWN_SECONDS} s (hung)\n"
+                            f"{hung_report(ranks)}\n"
                             f"{every_error_tail(folder, world_size)}")
             assert code == 0, f"rank {rank} of {world_size} exited with {code}\n{every_error_tail(folder, world_size)}"
     results = []
