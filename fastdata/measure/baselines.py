@@ -79,6 +79,37 @@ def plain_pool(workers):
     return ending_pool(workers)
 
 
+def pooled(pool, function, items, chunksize, ordered=True):
+    """Yield ``function(item)`` of every item, computed on ``pool``; once every item is done, raise the first error.
+
+    NOTE [pool errors at the end]: ``imap`` raises a worker's error as it
+    arrives, and the ``with`` block of the pool then terminates workers that
+    are still sending results. One killed while it held the result queue's
+    lock left ``Pool.terminate`` waiting for that lock for good: a CI run of
+    2026-11-29 hung in test_pool_decode_count_decodes_every_image until the
+    test's 900 s timeout (the pool's task handler in ``outqueue.put``). So
+    errors come back as values, and they are raised after the last item,
+    when the workers are idle. A failed item yields nothing.
+    """
+    mapped = pool.imap if ordered else pool.imap_unordered
+    error = None
+    for failed, value in mapped(partial(_outcome, function), items, chunksize):
+        if not failed:
+            yield value
+        elif error is None:
+            error = value
+    if error is not None:
+        raise error
+
+
+def _outcome(function, item):
+    """Return ``(False, function(item))``, or ``(True, the exception it raised)``."""
+    try:
+        return False, function(item)
+    except Exception as exc:
+        return True, exc
+
+
 def pool_decode(paths, size, workers):
     """Decode and resize every path on a plain ``multiprocessing.Pool``; return uint8 ``[N, size, size, 3]``.
 
@@ -88,7 +119,7 @@ def pool_decode(paths, size, workers):
     out = np.empty((len(paths), size, size, 3), np.uint8)
     chunksize = max(1, min(64, len(paths) // (workers * 8)))
     with plain_pool(workers) as pool:
-        for index, pixels in enumerate(pool.imap(partial(load_resized, size=size), paths, chunksize)):
+        for index, pixels in enumerate(pooled(pool, partial(load_resized, size=size), paths, chunksize)):
             out[index] = pixels
     return out
 

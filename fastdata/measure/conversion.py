@@ -25,7 +25,7 @@ from functools import partial
 
 from fastdata._optional import require
 from fastdata.codecs.images import encode_jpeg
-from fastdata.measure.baselines import load_resized, plain_pool
+from fastdata.measure.baselines import load_resized, plain_pool, pooled
 
 
 def folder_usage(root):
@@ -185,7 +185,7 @@ def pool_decode_count(paths, size, workers, quality=None):
     """
     chunksize = max(1, min(64, len(paths) // (workers * 8)))
     with plain_pool(workers) as pool:
-        return sum(pool.imap_unordered(partial(_decode_only, size=size, quality=quality), paths, chunksize))
+        return sum(pooled(pool, partial(_decode_only, size=size, quality=quality), paths, chunksize, ordered=False))
 
 
 def _decode_only(path, size, quality):

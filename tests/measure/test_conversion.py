@@ -4,11 +4,12 @@ import os
 import signal
 import sys
 import textwrap
+from functools import partial
 
 import pytest
 
 from fastdata.converters import find_images
-from fastdata.measure.baselines import plain_pool
+from fastdata.measure.baselines import plain_pool, pooled
 from fastdata.measure.conversion import count_shards, folder_usage, pool_decode_count, run_watched, tree_rss
 from fastdata.measure.synthetic import make_imagefolder
 
@@ -114,6 +115,25 @@ def test_plain_pool_processes_end_on_sigterm_under_a_parent_handler_that_returns
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     with plain_pool(2) as pool:
         assert all(pool.map(_sigterm_is_default, range(8), chunksize=1))
+
+
+def _touch_or_fail(folder, item):
+    (folder / str(item)).touch()
+    if item % 7 == 3:
+        raise ValueError(f"item {item}")
+    return item
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_pooled_error_is_raised_once_every_item_is_done(tmp_path, ordered):
+    # NOTE [pool errors at the end] in baselines.py: the pool is left only when its workers are idle
+    with plain_pool(2) as pool:
+        done = []
+        with pytest.raises(ValueError, match="item 3" if ordered else "item"):
+            for value in pooled(pool, partial(_touch_or_fail, tmp_path), range(40), 1, ordered=ordered):
+                done.append(value)
+    assert sorted(int(path.name) for path in tmp_path.iterdir()) == list(range(40))  # every item ran
+    assert sorted(done) == [item for item in range(40) if item % 7 != 3]
 
 
 def test_pool_decode_count_decodes_every_image(tmp_path):
