@@ -35,6 +35,7 @@ PRIME = 101  # samples: no global batch divides it, so every epoch ends in a rem
 GLOBAL_BATCH = 12  # divisible by 1, 2, 3, 4 and 6 ranks
 GROUP_TIMEOUT = 180  # seconds a collective waits for the other ranks (60 timed out once in CI: 4 ranks, 2 cores)
 SPAWN_SECONDS = 300  # a group still running after this has hung: the test fails and kills it
+GDB_SECONDS = 180  # a hung group's report attaches gdb to its processes for this long in all
 DEAD_RANK_TIMEOUT = 20  # the process group's timeout in the dead-rank test (rendezvous included: ranks start slowly)
 
 
@@ -155,11 +156,12 @@ def hung_report(ranks):
     (faulthandler in ddp_worker.py); returned, each of its processes (its loader's workers too) with
     its state, threads and kernel wait, and its native stacks where gdb is installed.
 
-    A rank's DataLoader worker once hung before its first batch, single-threaded in a futex wait (1 run in
-    about 50 of the 4-rank case; 2026-11-29): its Python stack cannot be printed from inside (faulthandler
-    crashed in the forked worker), so gdb's is the one to read.
+    A rank's DataLoader worker once hung before its first batch, single-threaded in a futex wait (2 runs in
+    about 570 of the 4-rank case alone; 2026-11-29): its Python stack cannot be printed from inside
+    (faulthandler crashed in the forked worker), so gdb's is the one to read. gdb gets GDB_SECONDS in all,
+    so the report comes well within the test's time limit.
     """
-    lines = []
+    lines, gdb, deadline = [], shutil.which("gdb"), time.monotonic() + GDB_SECONDS
     for rank, proc in enumerate(ranks):
         if proc.poll() is not None:
             continue
@@ -167,11 +169,12 @@ def hung_report(ranks):
             os.kill(proc.pid, signal.SIGUSR1)
         for pid in [proc.pid, *descendants(proc.pid)]:
             lines.append(f"rank {rank} pid {pid}: {process_state(pid)}")
-            if shutil.which("gdb"):
-                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                    lines.append(subprocess.run(["gdb", "-p", str(pid), "-batch", "-iex", "set auto-load safe-path /",
-                                                 "-ex", "thread apply all py-bt", "-ex", "thread apply all bt 25"],
-                                                capture_output=True, text=True, timeout=60).stdout[-6000:])
+            left = deadline - time.monotonic()
+            if gdb and left > 1:
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):  # Python stacks last: the tail keeps them
+                    lines.append(subprocess.run([gdb, "-p", str(pid), "-batch", "-iex", "set auto-load safe-path /",
+                                                 "-ex", "thread apply all bt 25", "-ex", "thread apply all py-bt"],
+                                                capture_output=True, text=True, timeout=left).stdout[-6000:])
     time.sleep(1)  # the ranks' stacks reach their stderr
     return "\n".join(lines)
 
