@@ -6,7 +6,7 @@ from fastdata.errors import OptionError
 from fastdata.loading.agreement import check_agreement
 from fastdata.loading.samplers import EpochSampler
 
-STATE_VERSION = 2  # of state_dict's format and of the order it resumes (2: the faster keyed mix); another is refused
+STATE_VERSION = 3  # of state_dict's format and of its order (3: NOTE [keyed bijection]'s 32-bit mix); others refused
 
 
 class Steps:

@@ -70,7 +70,7 @@ def test_state_is_small_json_and_names_the_order(path):
     loader = make_loader(IndexedHDF5(path), 5, shuffle="uniform", seed=3)
     state = loader.state_dict()
     assert set(state) == STATE_KEYS and len(json.dumps(state)) < 1024
-    assert state == {**state, "version": 2, "dataset": open_dataset(path).fingerprint, "num_samples": 24, "seed": 3,
+    assert state == {**state, "version": 3, "dataset": open_dataset(path).fingerprint, "num_samples": 24, "seed": 3,
                      "shuffle": "uniform", "remainder": "partial", "global_batch": 5, "epoch": 0,
                      "samples_consumed": 0}
 
@@ -217,7 +217,7 @@ def test_a_state_of_another_dataset_is_refused(path, packed_files):
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"version": 1}, "its version is 1, this loader's is 2"),
+    ({"version": 2}, "its version is 2, this loader's is 3"),
     ({"samples_consumed": 6}, "samples_consumed=6; expected .* multiple of the global batch \\(4\\) up to 24"),
     ({"samples_consumed": 28}, "samples_consumed=28"),
     ({"epoch": -1}, "epoch=-1"),

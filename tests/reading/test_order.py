@@ -19,6 +19,17 @@ def test_a_keyed_permutation_is_a_bijection_with_its_inverse(size, key):
     assert np.array_equal(permutation.inverse(images), np.arange(size))
 
 
+@pytest.mark.parametrize("size", [2**32 - 1, 2**32, 2**32 + 1, 10**12])  # the 32-bit mix's last domains, the 64-bit's
+def test_a_keyed_permutation_of_a_large_domain_keeps_values_in_range_distinct_and_invertible(size):
+    values = np.unique(np.random.default_rng(size).integers(0, size, 200_000))
+    values = np.concatenate([values, [0, size - 1]])  # the domain's ends
+    permutation = KeyedPermutation(size, (7, 1))
+    images = permutation(values)
+    assert images.min() >= 0 and images.max() < size
+    assert len(np.unique(images)) == len(np.unique(values))
+    assert np.array_equal(permutation.inverse(images), values)
+
+
 def test_keyed_permutations_spread_every_value_evenly_over_keys():
     # Where sample 0 lands, over 4,000 keys: a chi-square test against uniform (99.9% quantile for 9 dof: 27.9).
     landing = np.array([KeyedPermutation(10, (key,))(np.array([0]))[0] for key in range(4000)])

@@ -154,7 +154,9 @@ def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
     path = packed_files("hdf5", "raw")
     dataset = open_dataset(path)
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
-    loader = make_loader(dataset, 5, shuffle=True, block_size=2, window=4, seed=1)
+    # prefetch_factor=0: the loop body below (a reference read per batch) is slow enough for the loader to read
+    # ahead on a thread, which reads the next epoch's first batch and moves the windows on past the last one.
+    loader = make_loader(dataset, 5, shuffle=True, block_size=2, window=4, seed=1, prefetch_factor=0)
     reads = loader.steps.readahead.reads
     assert isinstance(reads, WindowReads) and dataset.num_shards == 1
     for (images, labels), indices in zip(loader, planned(loader, 0), strict=True):
