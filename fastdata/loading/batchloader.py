@@ -54,6 +54,7 @@ class BatchLoader(Resumable):
         self.prefetch_factor = prefetch_factor
         self.options = options or {}  # keyword options of every read_batch
         self._takes_threads = "threads" in option_names(dataset)  # see NOTE [leave a core]
+        self._takes_epoch = "epoch" in option_names(dataset)  # asked once: a PackedDataset makes a decoder to say
         self.max_threads = max_threads  # make_loader's max_cpu, in cores: None for no cap
         self._body = LoopBody()  # see NOTE [adaptive read-ahead]
         self._next_epoch = None  # see NOTE [next epoch's first batch]
@@ -156,7 +157,7 @@ class BatchLoader(Resumable):
             while chunk := steps.take(group):
                 sizes = [len(indices) for _, indices in chunk]
                 options = self._options()
-                if "epoch" in option_names(self.dataset):  # one iteration's steps: one epoch
+                if self._takes_epoch:  # one iteration's steps: one epoch
                     options = {**options, "epoch": chunk[0][0]}
                 try:
                     started = self.dataset.start_batches(np.concatenate([indices for _, indices in chunk]), sizes,
