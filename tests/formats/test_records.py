@@ -174,7 +174,7 @@ def test_a_bad_schema_is_refused_naming_the_field(tmp_path, schema, message):
     assert not (tmp_path / "never.h5").exists()
 
 
-@pytest.mark.parametrize("longest", [5, 96, 97, 400])
+@pytest.mark.parametrize("longest", [5, 256, 257, 400])
 def test_ragged_rows_pad_alike_gathered_at_once_or_row_by_row(tmp_path, longest):
     # rows up to _GATHER_WIDTH long are gathered at once, longer batches row by row (NOTE [short rows at once])
     rng = np.random.default_rng(longest)

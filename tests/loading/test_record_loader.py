@@ -1,13 +1,17 @@
 """make_loader over a record file: dict batches in the same order, resume and rank shares as for (sample, label)."""
 
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import overwrite
 
 from fastdata import Field, FormatError, OptionError, RecordDataset, make_loader, open_dataset, write
+from fastdata.loading import records
 
 NUM_RECORDS = 53
 
@@ -240,3 +244,28 @@ def test_a_batch_fits_the_bytes_its_dataset_promises(record_file):
         batch = dataset.read_batch(np.arange(size))
         used = sum(value.numel() * value.element_size() for value in batch.values() if isinstance(value, torch.Tensor))
         assert used <= dataset.max_batch_bytes(size)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=60), row_shape=st.sampled_from([(), (4,), (2, 3)]),
+       dtype=st.sampled_from(["uint16", "int64", "float32", "bool"]), picks=st.data())
+def test_ragged_rows_gathered_as_windows_equal_the_rows_copied_one_by_one(monkeypatch, lengths, row_shape, dtype,
+                                                                          picks):
+    # the windows of _gathered read past a row's end (into the next rows, NaN among them) and clip at the values'
+    # end: the padded batch must equal the row-by-row copy, zeros after each length
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    values = np.arange(offsets[-1] * int(np.prod(row_shape)), dtype=np.float64).reshape(-1, *row_shape) % 7
+    if dtype == "float32":
+        values[::3] = np.nan
+    values = values.astype(dtype)
+    indices = np.array(picks.draw(st.lists(st.integers(0, len(lengths) - 1), min_size=1, max_size=20)))
+    column = SimpleNamespace(offsets=offsets, values=values)
+    field = SimpleNamespace(type="ragged", row_shape=row_shape)
+    monkeypatch.setattr(records, "_GATHER_WIDTH", 10**6)
+    gathered, gathered_lengths = records._padded(column, indices, field)
+    monkeypatch.setattr(records, "_GATHER_WIDTH", -1)
+    copied, copied_lengths = records._padded(column, indices, field)
+    assert gathered.dtype == copied.dtype and gathered.shape == copied.shape
+    assert gathered.is_contiguous()
+    np.testing.assert_array_equal(gathered_lengths.numpy(), copied_lengths.numpy())
+    np.testing.assert_array_equal(gathered.numpy(), copied.numpy())  # NaN equals NaN here
