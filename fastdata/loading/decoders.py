@@ -235,6 +235,9 @@ class JpegImageDecoder(_ImageDecoder):
             decode_rows()
         finally:  # never return (or raise) while a helper still writes into the batch
             failures = [error for error in [helper.exception() for helper in helpers] if error is not None]
+            # A pool thread sets its future's result before it drops the call it ran (decode_rows, and with it
+            # these views of the shards' maps): cleared here, a shard the store closes next is unmapped at once.
+            sources.clear()
         if failures:
             raise failures[0]
         images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]

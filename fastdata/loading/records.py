@@ -468,12 +468,12 @@ def _padded(column, indices, field):
 def _gathered(values, starts, lengths, width, dtype):
     """Return ``values`` rows ``[start, start + length)`` zero-padded to ``width``, as ``dtype``, in one gather.
 
-    Each row is one window of ``width`` values (a gather of a strided view of
-    overlapping windows: no index per value), the positions past its length zeroed after,
-    in the stored dtype: a multiply by the mask for integers, a masked copy
-    for floats (a neighbour's NaN would survive a multiply). 256 rows of ~77
-    uint16 ids: 65 against 133 us for the masked gather of every position
-    (best of 7 x 300 calls, 2 cores).
+    Each row is one window of ``width`` values (a gather of a strided view
+    of overlapping windows: no index per value); the positions past its
+    length are zeroed after, in the stored dtype: a multiply by the mask for
+    integers, a masked copy for floats (a neighbour's NaN would survive a
+    multiply). 256 rows of ~77 uint16 ids: 65 against 133 us for the masked
+    gather of every position (best of 7 x 300 calls, 2 cores).
     """
     if not width:
         return np.zeros((len(starts), 0, *values.shape[1:]), dtype)

@@ -251,7 +251,8 @@ class BatchIndexSampler(EpochSampler):
         step, and 140-370 us for ``read_batch`` of the batch from the page
         cache (4-9% uniform, 10-16% block); batches of 256: 34-50 us
         uniform, 98-107 us block, against 0.6-1.1 ms to read them. Nearly
-        all of it is the order's keyed permutations (~200 ns a sample).
+        all of it was the order's keyed permutations (~200 ns a sample then;
+        NOTE [keyed bijection] in order.py has their cost now).
         Small batches pay each call's cost over few samples: batches of 8
         sequences (the lm benchmark's file, uniform, best of 5 epochs while
         the test suite ran beside it, /tmp/lmt/parts2.py) cost the sampler
