@@ -53,8 +53,9 @@ class BatchLoader(Resumable):
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.options = options or {}  # keyword options of every read_batch
-        self._takes_threads = "threads" in option_names(dataset)  # see NOTE [leave a core]
-        self._takes_epoch = "epoch" in option_names(dataset)  # asked once: a PackedDataset makes a decoder to say
+        names = option_names(dataset)  # asked once: a PackedDataset makes a decoder to say
+        self._takes_threads = "threads" in names  # see NOTE [leave a core]
+        self._takes_epoch = "epoch" in names
         self.max_threads = max_threads  # make_loader's max_cpu, in cores: None for no cap
         self._body = LoopBody()  # see NOTE [adaptive read-ahead]
         self._next_epoch = None  # see NOTE [next epoch's first batch]
