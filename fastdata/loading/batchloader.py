@@ -81,7 +81,7 @@ class BatchLoader(Resumable):
         position = self._begin_epoch()  # see NOTE [loader state] in state.py: taken before the sampler advances
         first, steps = self._take_next_epoch()
         if self.helper is not None:  # see NOTE [helper process] in helper.py
-            batches = self.helper.batches(steps, ahead=max(self.prefetch_factor, 1))
+            batches = self.helper.batches(steps, ahead=max(self.prefetch_factor, 1), cursor=self.steps)
         elif self._make_auto_helper is not None:
             batches = self._switching(steps, first)
         else:

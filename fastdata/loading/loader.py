@@ -34,7 +34,7 @@ from fastdata.errors import OptionError
 from fastdata.loading.batchloader import BatchLoader, option_names, reads_plainly
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
-from fastdata.loading.helper import HelperProcess
+from fastdata.loading.helper import HelperProcess, HelperReadAhead
 from fastdata.loading.mixture import Mixture
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.records import RecordDataset
@@ -250,9 +250,8 @@ def make_loader(
         remote = getattr(dataset, "is_remote", False)
         fits = _fits_page_cache(dataset)
         sampler = _index_sampler(dataset, batch_size, seed, **order_options, remote=remote, fits=fits)
-        # A helper process reads every batch itself: windows read here would go unused, hints serve it
-        readahead = partial(_readahead, dataset, remote=remote, fits=fits,
-                            one_reader=num_workers == 0 and helper_process is not True)
+        readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=num_workers == 0,
+                            in_helper=num_workers == 0 and helper_process is True)
     else:
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
@@ -321,17 +320,33 @@ def _index_sampler(dataset, batch_size, seed, *, shuffle, drop_last, remainder, 
     return sampler
 
 
-def _readahead(dataset, sampler, *, remote, fits, one_reader):
+def _readahead(dataset, sampler, *, remote, fits, one_reader, in_helper=False):
     """Return the ReadsAhead that follows ``sampler``'s order on this rank, or None where none pays.
 
-    ``one_reader``: this process reads every batch of its rank (no workers).
+    ``one_reader``: this process reads every batch of its rank (no workers); ``in_helper``: a helper
+    process reads them (helper_process=True), and the read-ahead runs there (NOTE [read-ahead in the
+    helper] in helper.py).
     """
     if remote and dataset.prefetch != 0:  # see NOTE [remote read-ahead] in remote.py
         ahead = prefetch_shards(dataset, sampler.order)
         return ShardReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, ahead)
-    alone = one_reader and sampler.world_size == 1
+    if in_helper:
+        if fits and not (sampler.world_size == 1 and isinstance(dataset, TokenSequences)):
+            return None  # what local_readahead returns for it: no read-ahead pays
+        return HelperReadAhead(sampler.order, partial(local_readahead, order=sampler.order, rank=sampler.rank,
+                                                      world_size=sampler.world_size, fits=fits, one_reader=True))
+    return local_readahead(dataset, order=sampler.order, rank=sampler.rank, world_size=sampler.world_size,
+                           fits=fits, one_reader=one_reader)
+
+
+def local_readahead(dataset, *, order, rank, world_size, fits, one_reader):
+    """Return the ReadsAhead of local ``dataset`` that follows ``order`` on ``rank`` of ``world_size``, or None.
+
+    ``fits``: the dataset stays in the page cache; ``one_reader``: this process reads every batch of its rank.
+    """
+    alone = one_reader and world_size == 1
     if fits and alone and isinstance(dataset, TokenSequences):  # see NOTE [whole stream] in sequencewindows.py
-        return dataset.hold_stream(sampler.order)
+        return dataset.hold_stream(order)
     if fits:
         # NOTE [hints past the cache]: the kernel hints of a ReadAhead (NOTE
         # [read ahead] in readahead.py) cost more than they give while the
@@ -345,14 +360,14 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader):
     # One process reading alone reads a block order's windows whole, not through the map (NOTE [window
     # reads] in windows.py, NOTE [sequence windows] in sequencewindows.py); workers and ranks share their
     # reads through the page cache.
-    alone = alone and sampler.shuffle == "block"
+    alone = alone and order.shuffle == "block"
     if isinstance(dataset, TokenSequences):  # see NOTE [sequence blocks]: concat rows in windows, else hints
-        windows = dataset.read_windows(sampler.order) if alone else None
-        return windows or ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
-    windows = dataset.read_windows(sampler.order) if alone else None
+        windows = dataset.read_windows(order) if alone else None
+        return windows or ReadAhead(dataset, order, rank, world_size, fits=fits)
+    windows = dataset.read_windows(order) if alone else None
     if windows is not None:
-        return WindowAhead(windows, sampler.rank, sampler.world_size)
-    return ReadAhead(dataset, sampler.order, sampler.rank, sampler.world_size, fits=fits)
+        return WindowAhead(windows, rank, world_size)
+    return ReadAhead(dataset, order, rank, world_size, fits=fits)
 
 
 def _default_block_settings(dataset, remote, group):

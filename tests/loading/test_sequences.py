@@ -14,6 +14,7 @@ from support import run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.errors import FastPathWarning
+from fastdata.loading.helper import HelperReadAhead
 from fastdata.loading.sequences import DICT_TOKEN_BYTES, GROUP_BATCHES, GROUP_BYTES, IGNORE_INDEX, cu_seqlens
 from fastdata.loading.sequencewindows import SequenceWindows, WholeStream
 from fastdata.reading.kernel import PAGE
@@ -342,11 +343,14 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
     workers = make_loader(dataset, batch_size, num_workers=1, **options)  # each worker would read every window
     assert isinstance(workers.steps.readahead, ReadAhead)
     workers.close()
-    if batch_size == 5 and not tokens_only:  # a helper process reads every batch: no windows here, hints for it
+    if batch_size == 5:  # a helper process reads every batch, and the windows: NOTE [read-ahead in the helper]
         with make_loader(dataset, batch_size, helper_process=True, **options) as helped:
-            assert isinstance(helped.steps.readahead, ReadAhead)
-            for batch, indices in zip(helped, list(helped.sampler.batches(0, 0)), strict=True):
-                assert torch.equal(batch[key], maps.read_batch(indices)[key])
+            assert isinstance(helped.steps.readahead, HelperReadAhead)
+            for epoch in range(2):
+                for batch, indices in zip(helped, list(helped.sampler.batches(epoch, 0)), strict=True):
+                    assert torch.equal(batch[key], maps.read_batch(indices)[key])
+            report = helped.helper.report()
+        assert report["readahead"] == "SequenceWindows" and report["misses"] == 0, report
 
 
 @pytest.mark.parametrize("tokens_only", [False, True])

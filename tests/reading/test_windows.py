@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from support import wait_for
+from support import start_methods, wait_for
 
 from fastdata import convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import FastPathWarning, FormatError
 from fastdata.formats import column_offsets
 from fastdata.formats.layout import COLUMN_ALIGNMENT
+from fastdata.loading.helper import HelperReadAhead
 from fastdata.measure.synthetic import make_imagefolder
 from fastdata.reading.order import EpochOrder
 from fastdata.reading.readahead import ReadAhead
@@ -129,6 +130,44 @@ def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders
     again = list(resumed)
     assert len(kept) + len(again) == len(loader) and len(again) == len(rest)
     assert all(a.equal(b) for x, y in zip(again, rest) for a, b in zip(x, y))
+
+
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
+def test_a_helper_process_reads_the_windows_itself_and_resumes_to_the_same_batches(folders, monkeypatch,
+                                                                                   start_method):
+    # NOTE [read-ahead in the helper]: the helper reads every batch, so it reads the windows too, told each step
+    # by the training process's cursor; the training process reads none
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    options = {"shuffle": True, "block_size": 6, "window": 5, "seed": 4, "helper_process": True,
+               "multiprocessing_context": start_method}
+
+    def cloned(batch):
+        return tuple(tensor.clone() for tensor in batch)
+
+    with make_loader(dataset, 16, **options) as loader:
+        assert isinstance(loader.steps.readahead, HelperReadAhead)
+        for epoch in range(2):
+            for (images, labels), indices in zip(loader, planned(loader, epoch), strict=True):
+                expected = reference(folder, indices)
+                assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
+        batches = iter(loader)
+        kept = [cloned(next(batches)) for _ in range(5)]
+        state = loader.state_dict()
+        rest = [cloned(batch) for batch in batches]
+        report = loader.helper.report()
+    assert report["readahead"] == "WindowAhead"
+    counts = report["read_paths"]
+    assert counts["windows"] == sum(counts.values()) == 3 * len(loader), counts
+    assert sum(dataset.read_paths().values()) == 0
+    with make_loader(open_dataset(folder), 16, **options) as resumed:
+        resumed.load_state_dict(state)  # mid-epoch: the helper's windows start at the step the state names
+        again = [cloned(batch) for batch in resumed]
+        counts = resumed.helper.report()["read_paths"]
+    assert len(kept) + len(again) == len(loader) and len(again) == len(rest)
+    assert all(a.equal(b) for x, y in zip(again, rest, strict=True) for a, b in zip(x, y, strict=True))
+    assert counts["windows"] == sum(counts.values()) == len(rest), counts
 
 
 def test_a_loader_closed_mid_epoch_reads_its_next_epochs_from_windows_again(folders, monkeypatch):
