@@ -21,13 +21,13 @@ kept batches are never overwritten and reading never waits for them.
 
 Order, resume and DDP stay in the training process: it sends each step's
 indices (a few KB) and the helper reads them, ``ahead`` steps ahead, in
-that order (the read-ahead of that order runs in the helper: NOTE
-[read-ahead in the helper] at HelperReadAhead). A loop that leaves an epoch early leaves replies in flight;
-they are received and dropped when the next iteration starts (or at
-``close``). The helper ends with its loader (``close``, garbage
-collection, or the interpreter's exit), when the training process dies
-(PR_SET_PDEATHSIG), and on SIGTERM at any moment of its start (NOTE
-[forked SIGTERM] in _processes.py).
+that order (the order's read-ahead runs in the helper: NOTE [read-ahead
+in the helper] at HelperReadAhead). A loop that leaves an epoch early
+leaves replies in flight; they are received and dropped when the next
+iteration starts (or at ``close``). The helper ends with its loader
+(``close``, garbage collection, or the interpreter's exit), when the
+training process dies (PR_SET_PDEATHSIG), and on SIGTERM at any moment of
+its start (NOTE [forked SIGTERM] in _processes.py).
 """
 
 import collections

@@ -375,6 +375,12 @@ def test_concat_rows_of_a_corpus_that_fits_come_from_its_whole_stream_held(corpu
         loader.close()
         assert not held._held and held._files is None
     dataset = open_dataset(folder)
+    with make_loader(dataset, 3, shuffle=True, seed=5, seq_len=61, eod=eod, tokens_only=tokens_only,
+                     helper_process=True) as helped:  # the helper holds it: NOTE [read-ahead in the helper]
+        maps = TokenSequences(open_dataset(folder), 61, eod, tokens_only=tokens_only)
+        for batch, indices in zip(helped, list(helped.sampler.batches(0, 0)), strict=True):
+            assert torch.equal(batch[key], maps.read_batch(indices)[key])
+        assert helped.helper.report()["readahead"] == "WholeStream" and helped.helper.report()["misses"] == 0
     assert make_loader(dataset, 3, num_workers=1, seq_len=61, eod=eod).steps.readahead is None  # each would hold one
     assert make_loader(dataset, 3, rank=0, world_size=2, seq_len=61, eod=eod).steps.readahead is None
     assert make_loader(dataset, 3, seq_len=61, eod=eod, packing="pad").steps.readahead is None
