@@ -37,6 +37,7 @@ import os
 import pickle
 import signal
 import weakref
+from contextlib import nullcontext
 from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
@@ -46,6 +47,7 @@ from fastdata._processes import die_with_parent, end_on_sigterm, end_processes, 
 from fastdata.loading import slots as layouts
 from fastdata.loading.device import HostBatch, read_batch
 from fastdata.loading.workers import changed_under
+from fastdata.reading.buffers import read_into
 
 _POLL_SECONDS = 1.0  # how long a helper whose pipe closed is given to exit, for its exit status
 
@@ -97,8 +99,8 @@ class HelperProcess:
 
     def report(self):
         """Return what the helper read so far: ``{"read_paths": ..., "readahead": its class name or None,
-        "misses": batches outside its windows}`` (None before it starts); drops an iteration's replies left in
-        flight."""
+        "misses": batches outside its windows, "batches": ..., "read_in_place": tensors read straight into their
+        slot}`` (None before it starts); drops an iteration's replies left in flight."""
         if self._process is None:
             return None
         self._drop_in_flight()
@@ -285,6 +287,7 @@ def _serve(conn, dataset, reader, options, buffers, parent):
     die_with_parent(parent if start_method() == "fork" else None)
     torch.set_num_threads(1)  # as a DataLoader worker does: OpenMP threads do not survive a fork (copy_ hung)
     readahead = None  # see NOTE [read-ahead in the helper]
+    counts = {"batches": 0, "read_in_place": 0}  # batches read, and tensors read straight into their slot
     try:
         while (message := _received(conn)) is not None:
             head = int(np.frombuffer(message[:8], np.int64)[0])
@@ -294,9 +297,11 @@ def _serve(conn, dataset, reader, options, buffers, parent):
                 make = pickle.loads(message[8:])
                 readahead = None if make is None else make(dataset)
             elif head == _REPORT[0]:
-                conn.send_bytes(pickle.dumps((None, None, _report(dataset, readahead))))
+                conn.send_bytes(pickle.dumps((None, None, {**_report(dataset, readahead), **counts})))
             else:
-                _serve_request(conn, np.frombuffer(message, np.int64), dataset, reader, options, buffers, readahead)
+                counts["batches"] += 1
+                counts["read_in_place"] += _serve_request(conn, np.frombuffer(message, np.int64), dataset, reader,
+                                                          options, buffers, readahead)
     finally:
         if readahead is not None:
             readahead.close()
@@ -318,7 +323,8 @@ def _report(dataset, readahead):
 
 
 def _serve_request(conn, request, dataset, reader, options, buffers, readahead):
-    """Make the read-ahead's calls the request carries, read its batch into its slot (or as itself), reply."""
+    """Make the read-ahead's calls the request carries, read its batch into its slot (or as itself), reply; return
+    how many of its tensors were read straight into the slot."""
     epoch, slot, count = int(request[0]), int(request[1]), int(request[2])
     for kind, first, second in request[3 : 3 + 3 * count].reshape(count, 3).tolist():
         if readahead is None:  # its maker found none to make (e.g. a stream too large to hold)
@@ -329,23 +335,28 @@ def _serve_request(conn, request, dataset, reader, options, buffers, readahead):
             readahead.advance(first)
     indices = request[3 + 3 * count :]
     slot = None if slot < 0 else slot
-    layout = None
+    layout, in_place = None, 0
     try:
-        if reader is None:
-            batch = read_batch(dataset, indices, epoch, options=options)
-        else:
-            batch = reader.read(dataset, indices, epoch, options=options).tensors
+        with nullcontext() if slot is None else read_into(buffers[slot].numpy()):  # NOTE [read into the slot]
+            if reader is None:
+                batch = read_batch(dataset, indices, epoch, options=options)
+            else:
+                batch = reader.read(dataset, indices, epoch, options=options).tensors
         tensors, shape = layouts.split(batch)
-        written, end = layouts.layout_of(tensors)
+        written, end = layouts.layout_of(tensors, None if slot is None else buffers[slot])
         if slot is not None and end <= len(buffers[slot]):
-            layouts.write(buffers[slot], tensors, written)
+            in_place = layouts.write(buffers[slot], tensors, written)
             layout = written
+        elif slot is not None:  # the batch travels as itself: none of it may stay in the slot it frees
+            batch = layouts.joined([tensor.clone() if layouts.inside(tensor, buffers[slot]) else tensor
+                                    for tensor in tensors], shape)
         reply = (slot, layout, shape) if layout is not None else (slot, None, batch)
     except Exception as exc:
         reply = (slot, None, _Failure(exc))
     # (slot, its layout, a dict batch's shape) or (slot or None, None, the batch or a _Failure): the batch's
     # tensors by descriptor
     conn.send_bytes(pickle.dumps(reply) if layout is not None else ForkingPickler.dumps(reply))
+    return in_place
 
 
 def _stop(process, conn):

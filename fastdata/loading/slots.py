@@ -41,22 +41,46 @@ def slot_bytes(batch_bytes, tensors=MAX_TENSORS):
     return -(-(batch_bytes + tensors * ALIGN) // ALIGN) * ALIGN
 
 
-def layout_of(tensors):
+def layout_of(tensors, buffer=None):
     """Return ``([(dtype, shape, strides, start)] of each tensor, the bytes they take)`` in a buffer.
 
-    Each keeps channels_last strides where it has them, else takes contiguous ones (``dense_strides``).
+    Each keeps channels_last strides where it has them, else takes contiguous ones (``dense_strides``). A tensor
+    read into the start of ``buffer`` (NOTE [read into the slot] in buffers.py) is laid out there, the others
+    after it in turn.
     """
-    layout, end = [], 0
-    for tensor in tensors:
-        layout.append((tensor.dtype, tuple(tensor.shape), dense_strides(tensor), end))
-        end += -(-nbytes(tensor.dtype, tensor.shape) // ALIGN) * ALIGN
-    return layout, end
+    order = sorted(range(len(tensors)), key=lambda k: buffer is None or tensors[k].data_ptr() != buffer.data_ptr())
+    starts, end = {}, 0
+    for k in order:
+        starts[k] = end
+        end += -(-nbytes(tensors[k].dtype, tensors[k].shape) // ALIGN) * ALIGN
+    return [(tensor.dtype, tuple(tensor.shape), dense_strides(tensor), starts[k])
+            for k, tensor in enumerate(tensors)], end
 
 
 def write(buffer, tensors, layout):
-    """Copy ``tensors`` into the uint8 tensor ``buffer`` where ``layout`` places them."""
-    for tensor, (dtype, shape, strides, start) in zip(tensors, layout):
-        view(buffer, start, dtype, shape, strides).copy_(tensor)  # same strides where dense: a plain copy
+    """Copy ``tensors`` into the uint8 tensor ``buffer`` where ``layout`` places them; return how many were there.
+
+    A tensor already there (read into the buffer: NOTE [read into the slot] in buffers.py) is not copied; one
+    elsewhere in the buffer is copied out first, so that no tensor written before it overwrites it.
+    """
+    targets = [view(buffer, start, dtype, shape, strides) for dtype, shape, strides, start in layout]
+    placed = [_at(tensor, target) for tensor, target in zip(tensors, targets)]
+    tensors = [tensor.clone() if not there and inside(tensor, buffer) else tensor
+               for tensor, there in zip(tensors, placed)]
+    for tensor, target, there in zip(tensors, targets, placed):
+        if not there:
+            target.copy_(tensor)  # same strides where dense: a plain copy
+    return sum(placed)
+
+
+def inside(tensor, buffer):
+    """Whether ``tensor``'s first element lies in the memory of tensor ``buffer``."""
+    return buffer.data_ptr() <= tensor.data_ptr() < buffer.data_ptr() + buffer.numel() * buffer.element_size()
+
+
+def _at(tensor, target):
+    """Whether ``tensor`` is ``target``'s memory seen the same way (read into place)."""
+    return (tensor.data_ptr(), tensor.stride(), tensor.dtype) == (target.data_ptr(), target.stride(), target.dtype)
 
 
 def view(buffer, start, dtype, shape, strides):

@@ -2,8 +2,11 @@
 
 import sys
 import threading
+from contextlib import contextmanager
 
 import numpy as np
+
+_place = threading.local()  # see read_into
 
 
 class BufferPool:
@@ -25,7 +28,14 @@ class BufferPool:
         self._lock = threading.Lock()
 
     def take(self, shape, dtype):
-        """Return an array of ``shape`` and ``dtype`` that nobody else references."""
+        """Return an array of ``shape`` and ``dtype`` that nobody else references (inside ``read_into``, the first
+        that fits its memory: a view of it)."""
+        memory = getattr(_place, "memory", None)
+        if memory is not None:
+            size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            if size <= memory.nbytes:
+                _place.memory = None
+                return memory[:size].view(dtype).reshape(shape)
         with self._lock:
             for array in self._arrays:
                 if len(array) >= shape[0] and array.shape[1:] == shape[1:] and array.dtype == dtype:
@@ -35,3 +45,21 @@ class BufferPool:
             if len(self._arrays) < self._size:
                 self._arrays.append(array)
             return array
+
+
+@contextmanager
+def read_into(memory):
+    """Have the first ``BufferPool.take`` on this thread that fits ``memory`` (a 1-D uint8 array) return a view of it.
+
+    NOTE [read into the slot]: the helper process read each batch into a
+    pooled array and then copied it into the shared slot the training
+    process maps; a batch's images (its largest part) are instead read
+    straight into the slot, so the copy is left out for them
+    (``slots.write`` finds them in place). Pooled arrays are left alone:
+    the slot's memory is never kept by a pool.
+    """
+    _place.memory = memory
+    try:
+        yield
+    finally:
+        _place.memory = None

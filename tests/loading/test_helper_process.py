@@ -41,6 +41,8 @@ def test_batches_are_those_read_in_process_over_epochs(packed_files, fmt, storag
     with make_loader(dataset, 5, shuffle=True, seed=2, helper_process=True) as loader:
         for _ in range(2):  # a new order each epoch, the same helper
             assert same_batches([cloned(batch) for batch in loader], [cloned(b) for b in expected_loader])
+        report = loader.helper.report()
+    assert report["read_in_place"] == report["batches"] == 2 * len(loader)  # NOTE [read into the slot]
 
 
 @pytest.mark.parametrize("start_method", start_methods("fork", "spawn", "forkserver"))

@@ -144,6 +144,8 @@ def test_the_helper_process_maps_dict_batches_from_its_slots(record_file):
         batch = next(iter(loader))
         for name in ("image", "id", "tokens", "tokens_lengths", "boxes", "weight"):  # mapped, not copied
             assert any(start <= batch[name].data_ptr() < stop for start, stop in slots), name
+        report = helper.report()  # each batch's images read into the start of its slot, ahead of "id"
+        assert report["read_in_place"] == report["batches"] >= 2 * len(loader)
 
 
 def test_the_device_pipeline_augments_dict_batches_from_the_helper(record_file):

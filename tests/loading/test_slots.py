@@ -47,6 +47,28 @@ def test_a_batch_written_into_a_slot_reads_back_whole(batch, odd):
             assert mine == theirs
 
 
+@given(batch=batches(), pick=st.integers(0, 4), place=st.integers(0, 3))
+def test_a_tensor_read_into_the_slot_stays_there_or_moves_without_overwriting_another(batch, pick, place):
+    # NOTE [read into the slot]: a tensor read into the start of the slot is laid out there and not copied; one
+    # read elsewhere in the slot (any place a layout might write another tensor over) is moved out of the way
+    tensors, shape = slots.split(batch)
+    pick = pick % len(tensors)
+    expected = [tensor.clone() for tensor in tensors]
+    _, end = slots.layout_of(tensors)
+    buffer = torch.zeros(slots.slot_bytes(2 * end + 4 * slots.ALIGN), dtype=torch.uint8)
+    start = place * slots.ALIGN  # 0: the start of the slot, where the helper reads a batch's images
+    spec = (tensors[pick].dtype, tuple(tensors[pick].shape), slots.dense_strides(tensors[pick]))
+    read = slots.view(buffer, start, *spec)
+    read.copy_(tensors[pick])
+    tensors[pick] = read
+    layout, end = slots.layout_of(tensors, buffer)
+    placed = slots.write(buffer, tensors, layout)
+    back = [slots.view(buffer, start, *spec[:1], *spec[1:3]) for *spec, start in layout]
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(back, expected, strict=True))
+    assert placed >= (start == 0 and read.numel() > 0)  # at the start: laid out there, not copied
+    assert end <= buffer.numel()
+
+
 def test_every_slot_of_a_batch_of_odd_bytes_starts_aligned():
     # 66,060-byte batches (int32 cu_seqlens of odd length) left the second slot unaligned for an int64 view
     shared = SharedSlots(2, 3, 66_060)
