@@ -56,7 +56,13 @@ def read_into(memory):
     process maps; a batch's images (its largest part) are instead read
     straight into the slot, so the copy is left out for them
     (``slots.write`` finds them in place). Pooled arrays are left alone:
-    the slot's memory is never kept by a pool.
+    the slot's memory is never kept by a pool. Measured through
+    make_loader(helper_process=True), batch 256, a tight loop, 4 / 3 rounds
+    alternating fresh processes with the commit before (/tmp/hp/cpu.sh):
+    64 px raw (one .h5 file), the helper's CPU 6.8-9.0 against 12.7-13.7 ms
+    per 1,000 images and 84,000-155,000 against 70,000-78,000 img/s; 224 px
+    JPEG (a shard folder) 448-460 against 481-488 ms and 3,453-3,926 against
+    3,173-3,355 img/s.
     """
     _place.memory = memory
     try:
