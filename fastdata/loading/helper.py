@@ -348,8 +348,7 @@ def _serve_request(conn, request, dataset, reader, options, buffers, readahead):
             in_place = layouts.write(buffers[slot], tensors, written)
             layout = written
         elif slot is not None:  # the batch travels as itself: none of it may stay in the slot it frees
-            batch = layouts.joined([tensor.clone() if layouts.inside(tensor, buffers[slot]) else tensor
-                                    for tensor in tensors], shape)
+            batch = layouts.joined(layouts.moved_out(tensors, buffers[slot]), shape)
         reply = (slot, layout, shape) if layout is not None else (slot, None, batch)
     except Exception as exc:
         reply = (slot, None, _Failure(exc))

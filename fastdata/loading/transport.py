@@ -7,23 +7,26 @@ every batch. Measured on a 2-core machine that ran packed 64x64 batches
 about 30 times slower than reading them in one process. Here each worker
 owns a few shared buffers ("slots") allocated once before the workers
 start; it writes a batch into a free slot and returns a small SlotBatch
-naming it. The main process (or the pin-memory thread) copies the batch out
-into ordinary or pinned memory and frees the slot at once, so a batch the
-user keeps is never overwritten. A batch that does not fit, or finds no
-free slot in time, travels the stock way.
+naming it (its images read straight into the slot: NOTE [read into the
+slot] in buffers.py). The main process (or the pin-memory thread) copies
+the batch out into ordinary or pinned memory and frees the slot at once,
+so a batch the user keeps is never overwritten. A batch that does not fit,
+or finds no free slot in time, travels the stock way.
 """
 
 import itertools
 import os
 import time
 import weakref
+from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from fastdata.loading import slots as layouts
-from fastdata.reading.buffers import BufferPool
+from fastdata.reading.buffers import BufferPool, read_into
 
 _WAIT_SECONDS = 5.0  # then give up on slots for this batch and return it as is
 _LIVE = weakref.WeakValueDictionary()  # key -> SharedSlots, in the main process
@@ -54,23 +57,32 @@ class SharedSlots:
     def __getstate__(self):  # workers get the shared tensors, not the main process's pool
         return {**self.__dict__, "unpacked": None}
 
-    def pack(self, batch):
-        """In a worker: copy the tensors of ``batch`` into a free slot; return a SlotBatch, or ``batch``.
+    @contextmanager
+    def packing(self):
+        """In a worker: yield ``pack(batch)``, which puts a batch read inside the block into a free slot and returns
+        its SlotBatch; the batch's images are read straight into the slot (NOTE [read into the slot] in buffers.py).
 
         ``batch`` is a tuple of tensors, or a dict batch of records, whose values that are not tensors
-        (text, JSON) travel pickled beside the slot's name (slots.split).
+        (text, JSON) travel pickled beside the slot's name (slots.split). Outside a worker, with no slot free
+        in time, or for a batch the slot cannot hold, ``pack`` returns the batch itself.
         """
         info = get_worker_info()
-        tensors, shape = layouts.split(batch)
-        layout, end = layouts.layout_of(tensors)
-        if info is None or end > self.buffers.shape[2]:
-            return batch
-        slot = self._free_slot(info.id)
+        slot = None if info is None else self._free_slot(info.id)
         if slot is None:
-            return batch
-        layouts.write(self.buffers[info.id, slot], tensors, layout)
-        self.busy[info.id, slot] = 1
-        return SlotBatch(self.key, info.id, slot, layout, shape)
+            yield lambda batch: batch
+            return
+        with read_into(self.buffers[info.id, slot].numpy()):
+            yield partial(self._pack, info.id, slot)
+
+    def _pack(self, worker, slot, batch):
+        buffer = self.buffers[worker, slot]
+        tensors, shape = layouts.split(batch)
+        layout, end = layouts.layout_of(tensors, buffer)
+        if end > len(buffer):
+            return layouts.joined(layouts.moved_out(tensors, buffer), shape)
+        placed = layouts.write(buffer, tensors, layout)
+        self.busy[worker, slot] = 1
+        return SlotBatch(self.key, worker, slot, layout, shape, placed)
 
     def _free_slot(self, worker):
         deadline = time.monotonic() + _WAIT_SECONDS
@@ -86,8 +98,9 @@ class SharedSlots:
 class SlotBatch:
     """A batch waiting in a worker's shared slot (a few bytes to pickle, and a dict batch's text)."""
 
-    def __init__(self, key, worker, slot, layout, shape):
+    def __init__(self, key, worker, slot, layout, shape, placed=0):
         self.key, self.worker, self.slot, self.layout, self.shape = key, worker, slot, layout, shape
+        self.placed = placed  # tensors read straight into the slot: NOTE [read into the slot] in buffers.py
 
     def unpack(self, pin_memory=False):
         """In the main process: copy the batch out (a tuple of tensors, or a dict batch), free the slot."""

@@ -1,5 +1,7 @@
 """make_loader's worker processes: a loader holding a torch DataLoader whose workers read whole batches."""
 
+from contextlib import nullcontext
+
 from torch.utils.data import DataLoader
 
 from fastdata._processes import end_processes, held_signals, release_sigterm, start_method
@@ -238,16 +240,14 @@ class _WholeBatches:
         return len(self.dataset)
 
     def __getitem__(self, indices):
-        if self.reader is None and "epoch" not in getattr(self.dataset, "read_options", ()):
-            return self._packed(self.dataset.read_batch(indices, **self.options))
-        epoch, indices = indices
-        if self.reader is None:
-            return self._packed(read_batch(self.dataset, indices, epoch, options=self.options))
-        batch = self.reader.read(self.dataset, indices, epoch, options=self.options)
-        return batch._replace(tensors=self._packed(batch.tensors))
-
-    def _packed(self, batch):
-        return batch if self.slots is None else self.slots.pack(batch)
+        with nullcontext(_as_is) if self.slots is None else self.slots.packing() as pack:
+            if self.reader is None and "epoch" not in getattr(self.dataset, "read_options", ()):
+                return pack(self.dataset.read_batch(indices, **self.options))
+            epoch, indices = indices
+            if self.reader is None:
+                return pack(read_batch(self.dataset, indices, epoch, options=self.options))
+            batch = self.reader.read(self.dataset, indices, epoch, options=self.options)
+            return batch._replace(tensors=pack(batch.tensors))
 
 
 def _as_is(batch):

@@ -62,7 +62,12 @@ def read_into(memory):
     64 px raw (one .h5 file), the helper's CPU 6.8-9.0 against 12.7-13.7 ms
     per 1,000 images and 84,000-155,000 against 70,000-78,000 img/s; 224 px
     JPEG (a shard folder) 448-460 against 481-488 ms and 3,453-3,926 against
-    3,173-3,355 img/s.
+    3,173-3,355 img/s. DataLoader workers read into their slots the same way
+    (transport.py): 64 px raw, num_workers=2, 3 rounds (/tmp/hp/wcpu.py),
+    the workers' CPU 11.4-12.3 against 14.6-15.5 ms per 1,000 images; the
+    rate, 30,700-52,000 against 38,800-47,100 img/s, is the main process's
+    (24.5-31.7 ms per 1,000 images in the DataLoader's machinery and the
+    copy out of the slot), so it did not move.
     """
     _place.memory = memory
     try:

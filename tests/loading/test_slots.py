@@ -1,12 +1,15 @@
 """The layout of a batch in a shared slot (slots.py), as the worker slots and the helper use it."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fastdata import open_dataset
 from fastdata.loading import slots
-from fastdata.loading.transport import SharedSlots
+from fastdata.loading.transport import SharedSlots, SlotBatch
+from fastdata.loading.workers import _WholeBatches
 
 _DTYPES = [torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
 
@@ -73,3 +76,19 @@ def test_every_slot_of_a_batch_of_odd_bytes_starts_aligned():
     # 66,060-byte batches (int32 cu_seqlens of odd length) left the second slot unaligned for an int64 view
     shared = SharedSlots(2, 3, 66_060)
     assert {shared.buffers[worker, slot].data_ptr() % slots.ALIGN for worker in range(2) for slot in range(3)} == {0}
+
+
+@pytest.mark.parametrize("fmt, storage", [("hdf5", "raw"), ("arrow", "jpeg")])
+def test_a_worker_reads_each_batch_s_images_straight_into_its_slot(packed_files, fmt, storage):
+    # NOTE [read into the slot]: in a real DataLoader worker, each batch's images land in the slot the main process
+    # copies them from: one tensor of the batch found in place, and the batch the one the dataset reads
+    dataset = open_dataset(packed_files(fmt, storage))
+    steps = [np.arange(start, start + 4) for start in (0, 4, 8, 12)]
+    shared = SharedSlots(1, 3, dataset.max_batch_bytes(4))
+    loader = torch.utils.data.DataLoader(_WholeBatches(dataset, shared), batch_size=None, sampler=steps,
+                                         num_workers=1, collate_fn=lambda batch: batch)
+    for packed, indices in zip(loader, steps, strict=True):
+        assert isinstance(packed, SlotBatch) and packed.placed == 1
+        images, labels = packed.unpack()
+        expected = dataset.read_batch(indices)
+        assert torch.equal(images, expected[0]) and torch.equal(labels, expected[1])
