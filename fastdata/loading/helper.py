@@ -100,7 +100,8 @@ class HelperProcess:
     def report(self):
         """Return what the helper read so far: ``{"read_paths": ..., "readahead": its class name or None,
         "misses": batches outside its windows, "batches": ..., "read_in_place": tensors read straight into their
-        slot}`` (None before it starts); drops an iteration's replies left in flight."""
+        slot}`` (None before it starts). Call it between iterations (an iteration ended or closed): it drops
+        their replies left in flight, and would take a live iteration's next reply for its own."""
         if self._process is None:
             return None
         self._drop_in_flight()
