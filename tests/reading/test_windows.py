@@ -170,6 +170,23 @@ def test_a_helper_process_reads_the_windows_itself_and_resumes_to_the_same_batch
     assert counts["windows"] == sum(counts.values()) == len(rest), counts
 
 
+@pytest.mark.parametrize("shuffle", ["block", "uniform"])
+def test_a_helper_process_of_one_rank_of_two_hints_its_own_maps(folders, monkeypatch, shuffle):
+    # NOTE [read-ahead in the helper]: a rank of several would read every window, so it keeps the kernel hints
+    # (NOTE [read ahead]), and the helper gives them on the maps it reads: the same batches as read in-process
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    options = {"shuffle": shuffle, "block_size": 6, "window": 5, "seed": 4, "rank": 1, "world_size": 2}
+    expected = [tuple(tensor.clone() for tensor in batch) for batch in make_loader(open_dataset(folder), 8, **options)]
+    with make_loader(dataset, 8, helper_process=True, **options) as loader:
+        got = [tuple(tensor.clone() for tensor in batch) for batch in loader]
+        report = loader.helper.report()
+    assert len(got) == len(expected) and all(
+        a.equal(b) for x, y in zip(got, expected, strict=True) for a, b in zip(x, y, strict=True))
+    assert report["readahead"] == "ReadAhead" and report["batches"] == len(expected), report
+
+
 def test_a_loader_closed_mid_epoch_reads_its_next_epochs_from_windows_again(folders, monkeypatch):
     folder = folders[32]
     dataset = open_dataset(folder)
