@@ -61,6 +61,7 @@ import json
 import os
 import re
 import zlib
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -204,12 +205,13 @@ def write_column(root, name, values):
     """
     path = os.path.join(root, COLUMN_FILES[name])
     partial = os.path.join(root, f".{COLUMN_FILES[name]}.{os.getpid()}.partial")
-    with open(partial, "wb") as f:
-        np.save(f, np.ascontiguousarray(values, dtype="<i8"), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    entry = {"name": COLUMN_FILES[name], "bytes": os.path.getsize(partial), "crc32": file_checksum(partial)}
-    os.replace(partial, path)
+    with _removed_on_error(partial):
+        with open(partial, "wb") as f:
+            np.save(f, np.ascontiguousarray(values, dtype="<i8"), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        entry = {"name": COLUMN_FILES[name], "bytes": os.path.getsize(partial), "crc32": file_checksum(partial)}
+        os.replace(partial, path)
     return entry
 
 
@@ -270,12 +272,25 @@ def write_index(root, container, metadata, settings, shards, columns=None, conve
 def write_json_atomically(path, value):
     """Write ``value`` as JSON to ``path`` by a flushed temporary file and a rename: never half-written."""
     partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as f:
-        json.dump(value, f, sort_keys=True, separators=(",", ":"))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    with _removed_on_error(partial):
+        with open(partial, "w") as f:
+            json.dump(value, f, sort_keys=True, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
     sync_folder(os.path.dirname(path))
+
+
+@contextmanager
+def _removed_on_error(partial):
+    """Remove the file ``partial`` if the block raises: an error, or a signal's exception (a conversion stopped by
+    SIGTERM while it wrote its index once left ``index.json.<pid>.partial`` behind)."""
+    try:
+        yield
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.remove(partial)
+        raise
 
 
 def sync_folder(root):

@@ -125,3 +125,15 @@ def test_file_checksum_is_the_crc32_of_all_the_bytes(tmp_path, size):
 def test_shard_names_sort_in_shard_order_up_to_100000_shards():
     names = [shard_name(k, "hdf5") for k in (0, 9, 10, 99999)]
     assert names == sorted(names) and names[0] == "shard-00000.h5" and shard_name(100000, "arrow").endswith("0.arrow")
+
+
+def test_an_index_or_column_write_that_fails_midway_leaves_no_partial_file_and_no_file(tmp_path):
+    # A conversion stopped by SIGTERM while it wrote its index left index.json.<pid>.partial behind: whatever raises
+    # inside the write (here the values themselves, part of the way in), the partial file goes and no file is made
+    from fastdata.formats.shards import write_column, write_json_atomically
+
+    with pytest.raises(TypeError):
+        write_json_atomically(str(tmp_path / "index.json"), {"a": [1, 2, 3], "b": object()})
+    with pytest.raises(ValueError):
+        write_column(str(tmp_path), "labels", np.array(["not", "ints"]))
+    assert os.listdir(tmp_path) == []
