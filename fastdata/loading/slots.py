@@ -65,7 +65,8 @@ def write(buffer, tensors, layout):
     """
     targets = [view(buffer, start, dtype, shape, strides) for dtype, shape, strides, start in layout]
     placed = [_at(tensor, target) for tensor, target in zip(tensors, targets)]
-    tensors = [tensor if there else moved_out([tensor], buffer)[0] for tensor, there in zip(tensors, placed)]
+    tensors = [tensor.clone() if not there and inside(tensor, buffer) else tensor
+               for tensor, there in zip(tensors, placed)]
     for tensor, target, there in zip(tensors, targets, placed):
         if not there:
             target.copy_(tensor)  # same strides where dense: a plain copy
