@@ -74,7 +74,6 @@ class HelperProcess:
         self._process = self._conn = None
         self._in_flight = 0  # replies of an iteration left early, received and dropped before the next
         self._forwarded = None  # the HelperReadAhead the helper runs, or None
-        self._events = []  # its calls not sent yet: they go with the next request
 
     def batches(self, steps, ahead, cursor=None):
         """Yield the batch of each ``(epoch, indices)`` of ``steps``, ``ahead`` steps read ahead by the helper.
@@ -88,8 +87,7 @@ class HelperProcess:
             while True:
                 while len(sent) < ahead and (step := next(steps, None)) is not None:
                     sent.append(step)
-                    self._forward(getattr(cursor, "readahead", None))
-                    self._send(*step)
+                    self._send(*step, self._forward(getattr(cursor, "readahead", None)))
                 if not sent:
                     return
                 yield self._receive(*sent.popleft())
@@ -114,7 +112,7 @@ class HelperProcess:
             _stop(self._process, self._conn)
             self._process = self._conn = None
             self._in_flight = 0
-        self._forwarded, self._events = None, []
+        self._forwarded = None
 
     def _start(self):
         if self._process is not None and self._process.is_alive():
@@ -128,22 +126,23 @@ class HelperProcess:
             process.start()
         theirs.close()
         self._process, self._conn = process, ours
-        self._forwarded, self._events = None, []  # a new helper runs no read-ahead yet
+        self._forwarded = None  # a new helper runs no read-ahead yet
         weakref.finalize(self, _stop, process, ours)
 
     def _forward(self, readahead):
-        """Have the helper run ``readahead`` (a HelperReadAhead; else none) from the next request on."""
+        """Have the helper run ``readahead`` (a HelperReadAhead; else none) from the next request on; return its
+        calls not sent yet, for that request."""
         readahead = readahead if isinstance(readahead, HelperReadAhead) else None
         if readahead is not self._forwarded:
             self._conn.send_bytes(_READAHEAD.tobytes() + pickle.dumps(None if readahead is None else readahead.make))
             self._forwarded = readahead
-        if readahead is not None:
-            self._events += readahead.events
-            readahead.events.clear()
+        if readahead is None:
+            return []
+        events, readahead.events = readahead.events, []
+        return events
 
-    def _send(self, epoch, indices):
+    def _send(self, epoch, indices, events=()):
         slot = self._free.popleft() if self._free else -1  # none free: every slot holds a batch the loop kept
-        events, self._events = self._events, []
         self._conn.send_bytes(np.concatenate((np.array([epoch, slot, len(events)], np.int64),  # NOTE [requests]
                                               np.array(events, np.int64).reshape(-1),
                                               np.asarray(indices, dtype=np.int64))))
