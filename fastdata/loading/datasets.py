@@ -334,12 +334,18 @@ class PackedDataset(BatchReads, Dataset):
         return reads
 
     def read_paths(self) -> dict[str, int]:
-        """Return how many batches this process read by each path (windows, stitched, by shard, one file).
+        """Return how many batches were read for this process by each path (windows, stitched, by shard, one
+        file), here or by its loaders' helper processes.
 
         See NOTE [no silent fallbacks] in readpaths.py; the fast paths that could not apply were warned about
         (FastPathWarning).
         """
-        return dict(self._store.read_paths.counts)
+        return self._store.read_paths.totals()
+
+    @property
+    def read_path_log(self):
+        """The ReadPaths behind ``read_paths()`` and ``fallbacks()``: a helper process adds to it what it reads."""
+        return self._store.read_paths
 
     def fallbacks(self) -> dict[str, str]:
         """Return the fast paths that could not apply in this process (a key each) and what was warned about them."""

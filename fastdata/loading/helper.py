@@ -36,6 +36,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import warnings
 import weakref
 from contextlib import nullcontext
 from multiprocessing.reduction import ForkingPickler
@@ -44,10 +45,12 @@ import numpy as np
 import torch
 
 from fastdata._processes import die_with_parent, end_on_sigterm, end_processes, held_signals, start_method
+from fastdata.errors import FastPathWarning
 from fastdata.loading import slots as layouts
 from fastdata.loading.device import HostBatch, read_batch
 from fastdata.loading.workers import changed_under
 from fastdata.reading.buffers import read_into
+from fastdata.reading.readpaths import PATHS
 
 _POLL_SECONDS = 1.0  # how long a helper whose pipe closed is given to exit, for its exit status
 
@@ -74,6 +77,10 @@ class HelperProcess:
         self._process = self._conn = None
         self._in_flight = 0  # replies of an iteration left early, received and dropped before the next
         self._forwarded = None  # the HelperReadAhead the helper runs, or None
+        self._log = getattr(dataset, "read_path_log", None)  # see NOTE [paths read elsewhere]
+        self._tally = torch.zeros(len(PATHS), dtype=torch.int64).share_memory_()
+        if self._log is not None:
+            self._log.add_tally(self._tally.numpy())
 
     def batches(self, steps, ahead, cursor=None):
         """Yield the batch of each ``(epoch, indices)`` of ``steps``, ``ahead`` steps read ahead by the helper.
@@ -96,7 +103,8 @@ class HelperProcess:
                 self._in_flight += len(sent)
 
     def report(self):
-        """Return what the helper read so far: ``{"read_paths": ..., "readahead": its class name or None,
+        """Return what the helper read so far: ``{"read_paths": the batches it read by each path since it started
+        (they count in the dataset's ``read_paths()`` too), "readahead": its class name or None,
         "misses": batches outside its windows, "batches": ..., "read_in_place": tensors read straight into their
         slot}`` (None before it starts). Call it between iterations (an iteration ended or closed): it drops
         their replies left in flight, and would take a live iteration's next reply for its own."""
@@ -120,7 +128,8 @@ class HelperProcess:
         self.close()
         ours, theirs = self.context.Pipe()
         process = self.context.Process(
-            target=_serve, args=(theirs, self.dataset, self.reader, self.options, self._buffers, os.getpid()),
+            target=_serve, args=(theirs, self.dataset, self.reader, self.options, self._buffers, self._tally,
+                                 os.getpid()),
             name="fastdata-helper", daemon=True)
         with held_signals(start_method(self.context)):  # see NOTE [forked SIGTERM]
             process.start()
@@ -170,10 +179,13 @@ class HelperProcess:
         read-ahead maker, or -2 asking for the helper's report.
         """
         try:
-            return pickle.loads(self._conn.recv_bytes())
+            slot, layout, payload, said = pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError):
             self._process.join(_POLL_SECONDS)
             self._died()
+        for key, message in (said or {}).items():  # see NOTE [paths read elsewhere]
+            self._log.fall_back(key, message)
+        return slot, layout, payload
 
     def _died(self):
         process, code = self._process, self._process.exitcode
@@ -280,10 +292,12 @@ class _Failure:
         self.error = error
 
 
-def _serve(conn, dataset, reader, options, buffers, parent):
+def _serve(conn, dataset, reader, options, buffers, tally, parent):
     """The helper's loop: read each requested batch, into its slot (or as itself), until the pipe closes."""
     end_on_sigterm()  # see NOTE [forked SIGTERM]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
+    warnings.simplefilter("ignore", FastPathWarning)  # warned in the training process: NOTE [paths read elsewhere]
+    paths = _PathsHere(getattr(dataset, "read_path_log", None), tally.numpy())
     die_with_parent(parent if start_method() == "fork" else None)
     torch.set_num_threads(1)  # as a DataLoader worker does: OpenMP threads do not survive a fork (copy_ hung)
     readahead = None  # see NOTE [read-ahead in the helper]
@@ -297,11 +311,13 @@ def _serve(conn, dataset, reader, options, buffers, parent):
                 make = pickle.loads(message[8:])
                 readahead = None if make is None else make(dataset)
             elif head == _REPORT[0]:
-                conn.send_bytes(pickle.dumps((None, None, {**_report(dataset, readahead), **counts})))
+                report = {"read_paths": paths.counts(), "readahead": None if readahead is None else
+                          type(readahead).__name__, "misses": getattr(readahead, "misses", None), **counts}
+                conn.send_bytes(pickle.dumps((None, None, report, paths.news())))
             else:
                 counts["batches"] += 1
                 counts["read_in_place"] += _serve_request(conn, np.frombuffer(message, np.int64), dataset, reader,
-                                                          options, buffers, readahead)
+                                                          options, buffers, readahead, paths)
     finally:
         if readahead is not None:
             readahead.close()
@@ -316,13 +332,48 @@ def _received(conn):
     return message or None  # an empty message: _stop asks the helper to end
 
 
-def _report(dataset, readahead):
-    paths = dataset.read_paths() if hasattr(dataset, "read_paths") else None
-    return {"read_paths": paths, "readahead": None if readahead is None else type(readahead).__name__,
-            "misses": getattr(readahead, "misses", None)}
+class _PathsHere:
+    """The helper's side of NOTE [paths read elsewhere]: its dataset's ReadPaths (or None), and what of it the
+    training process has been told: the counts in ``tally`` (shared), the fallbacks sent with replies.
+
+    NOTE [paths read elsewhere]: the batches a helper reads are counted in
+    its own copy of the dataset, and a fast path that could not apply there
+    warned on the helper's stderr, out of reach of the training process's
+    warning filters: ``dataset.read_paths()`` and ``fastdata.profile``
+    showed zeros through a helper, and no test could see its fallbacks.
+    So the helper adds its counts, after each batch, to a shared int64
+    tally that the training process's ReadPaths sums in (a read of 4
+    values, when asked; nothing per batch), and sends each new fallback
+    with the next reply, to be warned by the training process's ReadPaths
+    (once per reason there, as for its own reads). The helper warns none
+    itself.
+    """
+
+    def __init__(self, log, tally):
+        self.log, self.tally = log, tally
+        self._started = self._counted = None if log is None else self._now()  # the counts inherited under fork
+        self._said = 0 if log is None else len(log.fallbacks)
+
+    def counts(self):
+        """Return the batches this helper read by each path, or None where its dataset counts none."""
+        return None if self.log is None else dict(zip(PATHS, np.subtract(self._now(), self._started).tolist()))
+
+    def news(self):
+        """Add the batches read since the last call to the tally; return the fallbacks not sent yet, or None."""
+        if self.log is None:
+            return None
+        self.tally += np.subtract(self._now(), self._counted)  # the training process only reads it
+        self._counted = self._now()
+        if len(self.log.fallbacks) == self._said:
+            return None
+        said, self._said = dict(list(self.log.fallbacks.items())[self._said :]), len(self.log.fallbacks)
+        return said
+
+    def _now(self):
+        return [self.log.counts[path] for path in PATHS]
 
 
-def _serve_request(conn, request, dataset, reader, options, buffers, readahead):
+def _serve_request(conn, request, dataset, reader, options, buffers, readahead, paths):
     """Make the read-ahead's calls the request carries, read its batch into its slot (or as itself), reply; return
     how many of its tensors were read straight into the slot."""
     epoch, slot, count = int(request[0]), int(request[1]), int(request[2])
@@ -353,7 +404,8 @@ def _serve_request(conn, request, dataset, reader, options, buffers, readahead):
     except Exception as exc:
         reply = (slot, None, _Failure(exc))
     # (slot, its layout, a dict batch's shape) or (slot or None, None, the batch or a _Failure): the batch's
-    # tensors by descriptor
+    # tensors by descriptor; then the fallbacks to warn of (NOTE [paths read elsewhere])
+    reply = (*reply, paths.news())
     conn.send_bytes(pickle.dumps(reply) if layout is not None else ForkingPickler.dumps(reply))
     return in_place
 

@@ -53,9 +53,10 @@ class ProfileReport:
         wait_p95_seconds: 95th percentile of those waits.
         starving_above: the data-bound fraction above which the loop is starving.
         hint: what to try when it is.
-        read_paths: the batches the loader's dataset read in this process so far (a batch or two ahead of
-            the loop), by the way they were read (``dataset.read_paths()``: "windows", "stitched", "by shard",
-            "one file"); None where the loader has workers (they count their own) or is not fastdata's.
+        read_paths: the batches the loader's dataset read for this process so far (a batch or two ahead of
+            the loop), here or in its helper process, by the way they were read (``dataset.read_paths()``:
+            "windows", "stitched", "by shard", "one file"); None where the loader has workers (they count their
+            own), its dataset counts none (records, token sequences) or it is not fastdata's.
         fallbacks: what was warned about the fast paths that could not apply (FastPathWarning), in this
             process; see NOTE [no silent fallbacks] in fastdata/reading/readpaths.py.
     """
@@ -269,21 +270,30 @@ def _default_batch_size(batch):
 
 
 def _read_paths(loader):
-    """Return the batches ``loader``'s dataset read in this process by each path, or None (workers, others)."""
-    return loader.packed_dataset.read_paths() if isinstance(loader, BatchLoader) else None
+    """Return the batches ``loader``'s dataset read for this process by each path, or None (workers, a dataset
+    that counts none, others)."""
+    dataset = loader.packed_dataset if isinstance(loader, BatchLoader) else None
+    return dataset.read_paths() if hasattr(dataset, "read_paths") else None
 
 
 def _fallbacks(loader):
     """Return the fast-path warnings of ``loader``'s dataset in this process."""
-    if not isinstance(loader, (BatchLoader, WorkerLoader)):
-        return ()
-    return tuple(loader.packed_dataset.fallbacks().values())
+    dataset = loader.packed_dataset if isinstance(loader, (BatchLoader, WorkerLoader)) else None
+    return tuple(dataset.fallbacks().values()) if hasattr(dataset, "fallbacks") else ()
 
 
 def _hint_for(loader):
     """Return what to try first when ``loader`` starves the loop."""
     if not isinstance(loader, (BatchLoader, WorkerLoader)):
         return 'pack the dataset once with "fastdata convert" and read it with make_loader, or raise num_workers'
-    if loader.packed_dataset.storage == "jpeg":
-        return "JPEG decoding is the cost: raise num_workers, or convert with --storage raw"
+    if _decodes_images(loader.packed_dataset):
+        return "image decoding is the cost: raise num_workers, or convert with --storage raw"
     return "raise prefetch_factor or num_workers in make_loader, or move per-batch transforms onto the GPU"
+
+
+def _decodes_images(dataset):
+    """Whether ``dataset``'s batches decode images (JPEG or PNG storage; a record file's image fields read)."""
+    if hasattr(dataset, "schema"):  # a RecordDataset
+        return any(dataset.schema[name].type == "image" and dataset.schema[name].storage != "raw"
+                   for name in dataset.fields)
+    return getattr(dataset, "storage", None) in ("jpeg", "png")

@@ -7,6 +7,7 @@ and a busy shared machine only makes it longer), so the tests do not flake.
 import dataclasses
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -272,3 +273,34 @@ def test_the_report_counts_the_batches_of_the_pass_by_the_way_they_were_read(sha
     run_loop(one_file, body=0.0)
     assert one_file.report().read_paths["one file"] >= one_file.report().batches > 1
     assert fastdata.profile(SleepyLoader(2, wait=0.0)).report().read_paths is None  # not a fastdata loader
+
+
+def test_record_and_sequence_loaders_are_profiled_with_the_hint_their_fields_call_for(tmp_path):
+    # a record file's loader has no storage of its own: its image fields say whether batches decode
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (12 + i % 5, 9 + i % 3, 3), dtype=np.uint8) for i in range(40)]
+    jpeg = {"image": fastdata.Field("image", size=(8, 8), storage="jpeg"), "label": "int"}
+    fastdata.write([{"image": image, "label": i % 3} for i, image in enumerate(images)], tmp_path / "jpeg.h5", jpeg)
+    fastdata.write([{"tokens": np.arange(1 + i % 30, dtype=np.int32)} for i in range(60)], tmp_path / "tokens.h5",
+                   {"tokens": "tokens"})
+    for loader, decodes in ((make_loader(fastdata.open_dataset(tmp_path / "jpeg.h5"), 8), True),
+                            (make_loader(fastdata.open_dataset(tmp_path / "jpeg.h5", fields=["label"]), 8), False),
+                            (make_loader(fastdata.open_dataset(tmp_path / "tokens.h5"), 4, seq_len=16, eod=0), False)):
+        profiled = fastdata.profile(loader)
+        run_loop(profiled, body=0.0)
+        report = profiled.report()
+        assert report.batches == len(loader) and report.read_paths is None and report.fallbacks == ()
+        assert ("image decoding" in report.hint) is decodes, report.hint
+
+
+def test_batches_a_helper_process_reads_count_in_the_report(shard_converted):
+    # NOTE [paths read elsewhere]: the helper's counts add into the training process's
+    dataset = fastdata.open_dataset(shard_converted("hdf5", "raw"))
+    with make_loader(dataset, batch_size=4, shuffle=True, helper_process=True) as loader:
+        profiled = fastdata.profile(loader)
+        run_loop(profiled, body=0.0)
+        report = profiled.report()
+        helper = loader.helper.report()
+    assert report.batches == len(loader) == helper["batches"] == helper["read_paths"]["stitched"]
+    assert report.read_paths == helper["read_paths"] == dataset.read_paths(), (report.read_paths, helper)
+    assert sum(dataset.read_path_log.counts.values()) == 0  # none read in this process

@@ -160,7 +160,7 @@ def test_a_helper_process_reads_the_windows_itself_and_resumes_to_the_same_batch
     assert report["readahead"] == "WindowAhead"
     counts = report["read_paths"]
     assert counts["windows"] == sum(counts.values()) == 3 * len(loader), counts
-    assert sum(dataset.read_paths().values()) == 0
+    assert dataset.read_paths() == counts and sum(dataset.read_path_log.counts.values()) == 0  # all in the helper
     with make_loader(open_dataset(folder), 16, **options) as resumed:
         resumed.load_state_dict(state)  # mid-epoch: the helper's windows start at the step the state names
         again = [cloned(batch) for batch in resumed]
@@ -346,6 +346,28 @@ def test_shards_whose_columns_lie_apart_are_read_from_windows_moved_onto_rows_an
     assert counts["windows"] == sum(counts.values()) >= 2 * len(loader), (counts, [str(w.message)[:150] for w in said])
     said = dataset.fallbacks()  # warned on the placing thread (a test's warnings filters are not its to see)
     assert "shard 0 " in said["moved rows"] and "moved onto the window's rows" in said["moved rows"], said
+
+
+@pytest.mark.parametrize("start_method", start_methods("fork", "spawn"))
+def test_a_helper_process_says_in_the_training_process_what_could_not_apply(unaligned, monkeypatch, start_method):
+    # NOTE [paths read elsewhere]: the helper's fallbacks are warned here, once, and its batches counted here
+    dataset = open_dataset(unaligned)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", FastPathWarning)
+        with make_loader(dataset, 6, shuffle=True, block_size=4, window=3, seed=9, helper_process=True,
+                         multiprocessing_context=start_method) as loader:
+            for epoch in range(2):
+                for (images, labels), indices in zip(loader, planned(loader, epoch), strict=True):
+                    expected = reference(unaligned, indices)
+                    assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1])
+            helper = loader.helper.report()
+    warned = [str(w.message) for w in said if w.category is FastPathWarning]
+    assert warned == list(dataset.fallbacks().values()) and len(set(warned)) == len(warned), warned  # each once
+    moved = dataset.fallbacks()["moved rows"]
+    assert "shard 0 " in moved and "onto the window's rows" in moved, moved
+    counts = dataset.read_paths()
+    assert counts == helper["read_paths"] and counts["windows"] == sum(counts.values()) == 2 * len(loader), counts
 
 
 def test_a_shard_whose_column_lies_apart_is_stitched_from_memory_and_said_once(unaligned):
