@@ -41,14 +41,16 @@ class BatchLoader(Resumable):
     batch_sampler = None  # as a DataLoader's whose sampler yields whole batches: trainers look for it
 
     def __init__(self, dataset, sampler, *, pin_memory=False, prefetch_factor=2, options=None, pipeline=None,
-                 helper=None, auto_helper=None, readahead=None, max_threads=None):
+                 helper=None, auto_helper=None, readahead=None, helper_readahead=None, max_threads=None):
         self.dataset = self.packed_dataset = dataset
         self.helper = helper  # a HelperProcess that reads every batch, or None: read here
         self._make_auto_helper = auto_helper  # makes the HelperProcess of NOTE [auto helper], or None
         self.auto_helper = None  # that HelperProcess, once made
         self.sampler = sampler
         self.pipeline = pipeline  # a DevicePipeline, or None
-        self.steps = Steps(sampler, readahead)  # the cursor the read-ahead follows: NOTE [one read-ahead] in state.py
+        # the cursor the read-ahead follows (NOTE [one read-ahead] in state.py); helper_readahead: the one that
+        # follows it while the auto helper reads (NOTE [auto helper])
+        self.steps = Steps(sampler, readahead, make_helper_readahead=helper_readahead)
         self.batch_size = getattr(sampler, "batch_size", None)  # as a DataLoader's: None where unknown
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
@@ -217,8 +219,8 @@ class BatchLoader(Resumable):
         # (the batches started one way are yielded, the steps not taken yet
         # go the other way). A loop that waits (on a GPU, a sleep) leaves the
         # GIL free and its core to the threads here, and a tight loop pays no
-        # message: both read here; so does data that outgrows the page cache,
-        # whose read-ahead (hints, windows) follows the order in this process.
+        # message: both read here. Data that outgrows the page cache moves
+        # too, its read-ahead with it (see _read_ahead_in).
         # Measured in one process whose step changed from holding the GIL to
         # sleeping: staying in the helper (one thread) kept 0.50 of a 5 ms
         # sleeping step over 64 px JPEG against 0.67 read here. With one
@@ -229,18 +231,38 @@ class BatchLoader(Resumable):
         # steps against 0.32 / 0.57 / 1.04 for helper_process=True, 64 px raw
         # unchanged (0.90 / 0.92 / 0.97), in one busystep run: the OS shares
         # the cores between the helper's threads and the loop.
-        return (self._make_auto_helper is not None and self.steps.readahead is None
-                and self._body.keeps_a_core_busy())
+        return self._make_auto_helper is not None and self._body.keeps_a_core_busy()
 
     def _switching(self, steps, first):
         """Yield the batch of each step, read here or by the auto helper as each pays in turn (NOTE [auto helper])."""
         steps = iter(steps)
         while True:
             tap = _Cuttable(steps)  # cut where the other way starts to pay: the steps not taken go to it
-            yield from self._from_auto_helper(tap, first) if self._helper_pays() else self._here(tap, first)
+            in_helper = self._helper_pays()
+            self._read_ahead_in(in_helper)
+            yield from self._from_auto_helper(tap, first) if in_helper else self._here(tap, first)
             if not tap.cut:
                 return
             first = None
+
+    def _read_ahead_in(self, helper):
+        """Have the read-ahead of the order run where the next steps are read: in the auto helper or here.
+
+        NOTE [auto helper] (continued): data bigger than the page cache has a
+        read-ahead that follows the order (kernel hints, a block order's
+        windows read whole), and it must run in the process that reads
+        (NOTE [read-ahead in the helper] in helper.py). So from the step
+        where reading moves, the read-ahead of the side left ends (a
+        window's memory here goes with it; the helper's ends at once) and
+        the other side's starts at that step, made anew. A forked helper
+        does not inherit the windows' memory (MADV_DONTFORK in windows.py).
+        """
+        if not self.steps.read_in_helper(helper):
+            return
+        if helper:
+            self.dataset.drop_windows()
+        elif self.auto_helper is not None:
+            self.auto_helper.drop_readahead()
 
     def _here(self, tap, first):
         """Return the batches of the steps of ``tap`` read in this process (inline, or ahead on a thread)."""
@@ -253,7 +275,7 @@ class BatchLoader(Resumable):
             self.auto_helper = self._make_auto_helper()
         if first is not None:
             yield first
-        for batch in self.auto_helper.batches(tap, ahead=max(self.prefetch_factor, 1)):
+        for batch in self.auto_helper.batches(tap, ahead=max(self.prefetch_factor, 1), cursor=self.steps):
             yield batch
             if not tap.cut and not self._helper_pays():  # the steps sent are still received and yielded
                 tap.cut = True

@@ -333,6 +333,13 @@ class PackedDataset(BatchReads, Dataset):
             self._store.windows = reads
         return reads
 
+    def drop_windows(self) -> None:
+        """Read batches from the files again, not from the WindowReads of ``read_windows``: its threads end, and its
+        memory goes once no read holds it (a helper process reads the windows instead: NOTE [auto helper])."""
+        if self._store.windows is not None:
+            self._store.windows.close()
+            self._store.windows = None
+
     def read_paths(self) -> dict[str, int]:
         """Return how many batches were read for this process by each path (windows, stitched, by shard, one
         file), here or by its loaders' helper processes.

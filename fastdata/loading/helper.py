@@ -102,6 +102,12 @@ class HelperProcess:
             if self._conn is conn:  # not a helper that died (its replies died with it)
                 self._in_flight += len(sent)
 
+    def drop_readahead(self):
+        """Have the helper end the read-ahead it runs now: this process's follows the order again (NOTE [auto
+        helper] in batchloader.py)."""
+        if self._process is not None and self._process.is_alive() and self._forwarded is not None:
+            self._forward(None)
+
     def report(self):
         """Return what the helper read so far: ``{"read_paths": the batches it read by each path since it started
         (they count in the dataset's ``read_paths()`` too), "readahead": its class name or None,

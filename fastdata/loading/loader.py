@@ -245,13 +245,14 @@ def make_loader(
         pin_memory = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     order_options = {"shuffle": shuffle, "drop_last": drop_last, "remainder": remainder, "rank": rank,
                      "world_size": world_size, "block_size": block_size, "window": window}
-    readahead = None  # see NOTE [one read-ahead] in state.py
+    readahead = helper_readahead = None  # see NOTE [one read-ahead] in state.py
     if batch_sampler is None:
         remote = getattr(dataset, "is_remote", False)
         fits = _fits_page_cache(dataset)
         sampler = _index_sampler(dataset, batch_size, seed, **order_options, remote=remote, fits=fits)
         readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=num_workers == 0,
                             in_helper=num_workers == 0 and helper_process is True)
+        helper_readahead = partial(_readahead, dataset, remote=remote, fits=fits, one_reader=True, in_helper=True)
     else:
         sampler = _check_batch_sampler(batch_sampler, order_options)
     if num_workers == 0:
@@ -264,7 +265,8 @@ def make_loader(
                                   multiprocessing_context, budget or usable_cpus())
         return BatchLoader(dataset, sampler, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                            options=options, pipeline=pipeline, helper=helper, auto_helper=auto_helper,
-                           readahead=readahead, max_threads=budget)
+                           readahead=readahead, helper_readahead=helper_readahead if auto_helper else None,
+                           max_threads=budget)
     batch_bytes = _batch_bytes(dataset, sampler, options, pipeline)
     slots = None if batch_bytes is None else SharedSlots(num_workers, max(prefetch_factor, 1) + 1, batch_bytes)
     return worker_loader(dataset, sampler, slots, options, pipeline, readahead, num_workers=num_workers,

@@ -24,33 +24,56 @@ class Steps:
     the loader's workers start (the advice it sets travels with the dataset).
     The epoch goes with each batch to the device pipeline's augmentation
     (see NOTE [device pipeline]); ``epochs=False`` yields the indices alone.
+    ``make_helper_readahead(sampler)`` makes the one that follows the order
+    while a helper process reads the batches (NOTE [auto helper] in
+    batchloader.py): ``read_in_helper`` changes between the two from the
+    next step on.
     """
 
-    def __init__(self, sampler, make_readahead=None, *, epochs=True):
+    def __init__(self, sampler, make_readahead=None, *, epochs=True, make_helper_readahead=None):
         self.sampler, self.epochs, self._with_epochs = sampler, 0, epochs
-        self._make_readahead, self._order, self.readahead = make_readahead, None, None
+        self._makers = {False: make_readahead, True: make_helper_readahead}
+        self.in_helper = False  # whose read-ahead follows the order: the helper process's, or this process's
+        self._order, self.readahead = None, None
         self.follow()
 
     def follow(self):
         """Return the ReadsAhead of the sampler's order as bound now (made again where binding changed it), or None."""
-        if self._make_readahead is None:
+        maker = self._makers[self.in_helper]
+        if maker is None:
             return None
         self.sampler.bind()
         if self.sampler.order is not self._order:
             self.close()
-            self._order, self.readahead = self.sampler.order, self._make_readahead(self.sampler)
+            self._order, self.readahead = self.sampler.order, maker(self.sampler)
         return self.readahead
+
+    def read_in_helper(self, in_helper):
+        """Have the helper process's read-ahead (``in_helper``) or this process's follow the order from the next step
+        on; the one left is closed and made again when it is wanted back. Return whether anything changed."""
+        if in_helper == self.in_helper:
+            return False
+        self.close()
+        self.in_helper, self.readahead, self._order = in_helper, None, None  # made by the next follow()
+        return True
 
     def batches(self, epoch, start=0):
         """Yield an EpochSampler's indices of ``epoch``'s batches from step ``start`` on, telling the read-ahead."""
         self.sampler.bind(iterating=True)
         readahead = self.follow()
-        if readahead is None:
+        if readahead is None and self._makers[True] is None:
             yield from self.sampler.batches(epoch, start)
             return
-        readahead.start(epoch, start)
+        if readahead is not None:
+            readahead.start(epoch, start)
+        in_helper = self.in_helper
         for step, indices in enumerate(self.sampler.batches(epoch, start), start):
-            readahead.advance(step)
+            if self.in_helper != in_helper:  # read_in_helper: the other read-ahead starts at this step
+                readahead, in_helper = self.follow(), self.in_helper
+                if readahead is not None:
+                    readahead.start(epoch, step)
+            if readahead is not None:
+                readahead.advance(step)
             yield indices
 
     def __iter__(self):  # a generator: the epoch is taken when the first batch is asked for, as the sampler's

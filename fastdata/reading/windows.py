@@ -168,6 +168,9 @@ class WindowReads:
         rows = SLOTS * self.slot_rows + 1
         self._memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment,  # page-aligned; pages made as read
                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # A forked child (the auto helper: NOTE [auto helper] in batchloader.py) makes its own windows and
+        # never reads these: not mapped there, they cannot outlive this process's WindowReads in it.
+        self._memory.madvise(mmap.MADV_DONTFORK)
         step = int(np.gcd(self.row_bytes, self.alignment))
         usual = self.store.usual_remainder(step)  # view row 0's byte: see NOTE [window reads]
         self._base = self._column_offsets(0)[0] % step if usual is None else usual

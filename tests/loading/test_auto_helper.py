@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
 from fastdata.loading import batchloader, overlap
+from fastdata.loading.helper import HelperReadAhead
+from fastdata.reading.windows import WindowAhead
 
 BUSY_THRESHOLD, STEP = 0.01, 0.03  # as tests/loading/test_loader.py: far from a shared machine's noise
 KINDS = [("hdf5", "raw"), ("hdf5", "jpeg"), ("arrow", "raw"), ("arrow", "jpeg")]
@@ -176,3 +178,33 @@ def test_the_computing_decision_changes_only_past_its_far_threshold(shares, star
         if low < share <= high:
             assert now == decided
         decided = now
+
+
+def test_a_loop_over_data_bigger_than_memory_takes_the_block_orders_windows_with_it(shard_converted, monkeypatch):
+    # NOTE [auto helper]: the read-ahead runs where the batches are read, and moves with them at the step they move
+    folder = shard_converted("hdf5", "raw")
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    options = {"shuffle": True, "block_size": 6, "window": 5, "seed": 6}
+    reference = make_loader(open_dataset(folder), 2, **options)
+    expected = [[tuple(t.clone() for t in b) for b in reference] for _ in range(6)]  # six epochs' orders
+    with make_loader(dataset, 2, **options) as loader:
+        assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, WindowAhead)
+        first, sources = run_epoch(loader, compute)  # moves to the helper after the streak of long bodies
+        assert same_batches(first, expected[0]) and any(sources) and not all(sources)
+        assert isinstance(loader.steps.readahead, HelperReadAhead) and dataset._store.windows is None
+        second, sources = run_epoch(loader, compute)
+        assert same_batches(second, expected[1]) and all(sources)
+        here = dataset.read_path_log.counts["windows"]  # read here before the move: the rest in the helper's windows
+        for epoch in range(2, 6):  # a loop that waits: back here once its share of CPU has decayed, windows with it
+            batches, sources = run_epoch(loader, wait)
+            assert same_batches(batches, expected[epoch])
+            if not sources[-1]:
+                break
+        assert not all(sources) and not sources[-1], epoch
+        assert isinstance(loader.steps.readahead, WindowAhead) and dataset.read_path_log.counts["windows"] > here
+        report = loader.auto_helper.report()
+    assert report["readahead"] is None and report["misses"] is None  # the helper ended its windows
+    counts = dataset.read_paths()  # here and in the helper: every batch from windows (the next epoch's first too)
+    assert counts["windows"] == sum(counts.values()) >= 3 * len(loader), counts
+    assert report["read_paths"]["windows"] >= len(loader) + sum(sources), report
