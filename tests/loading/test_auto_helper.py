@@ -3,12 +3,15 @@
 See NOTE [auto helper] in fastdata/loading/batchloader.py.
 """
 
+import gc
 import time
+import weakref
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import wait_for
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
@@ -190,9 +193,11 @@ def test_a_loop_over_data_bigger_than_memory_takes_the_block_orders_windows_with
     expected = [[tuple(t.clone() for t in b) for b in reference] for _ in range(6)]  # six epochs' orders
     with make_loader(dataset, 2, **options) as loader:
         assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, WindowAhead)
+        windows_here = weakref.ref(loader.steps.readahead.reads)
         first, sources = run_epoch(loader, compute)  # moves to the helper after the streak of long bodies
         assert same_batches(first, expected[0]) and any(sources) and not all(sources)
         assert isinstance(loader.steps.readahead, HelperReadAhead) and dataset._store.windows is None
+        wait_for(lambda: gc.collect() is not None and windows_here() is None, "the windows here (their memory) to go")
         second, sources = run_epoch(loader, compute)
         assert same_batches(second, expected[1]) and all(sources)
         here = dataset.read_path_log.counts["windows"]  # read here before the move: the rest in the helper's windows
