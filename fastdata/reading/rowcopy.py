@@ -49,6 +49,26 @@ machine np.take into a fresh array runs as fast as into a reused one at
 ~130 us of Python a step (order, parts, labels, tensors) is the gap. Such
 batches are now read a few at a time, in reads of PARALLEL_BYTES or more
 that go to the helpers (NOTE [grouped reads] in batchloader.py).
+
+NOTE [caller first]: a helper parked on its lock needs the GIL again to
+start its piece, and the caller holds it while it yields the batches of
+the group before (a tight loop's Python); waking the idle core takes
+25-60 us besides (/tmp/p32/wake2.py, rc3.py: a posted helper started its
+take 59 us after the post, and the caller's wait at the end woke 100 us
+after the helper's last row). So the helper's piece mostly began when the
+caller released the GIL for its own piece at ``finish``, and the two
+copies ran side by side there instead of beside the Python. Now, for
+copies up to CALLER_FIRST_BYTES (a group of small batches, one 64 px
+batch), the caller copies its piece as it starts the copy, right after
+the post: the helper wakes and takes the GIL during that take, and its
+piece then runs beside the caller's Python. Measured on converted raw .h5
+files, warm, batch 256, make_loader against np.take of each batch in turn
+in one process (3 passes), fresh processes alternating with the tree
+before (/tmp/p32/ab.sh, 3 rounds; a host whose 480 MiB L3 holds the 32 px
+file): 32 px 0.89-1.11 of the batched read against 0.86-0.91 (0.75-0.91
+of the memcpy limit against 0.74-0.87), 64 px 1.44-1.55 against
+1.38-1.53. Done for every copy, 128 px (12.6 MB batches) lost: 1.37-1.48
+against 1.47-1.70, so larger copies keep the caller's piece for ``finish``.
 """
 
 import itertools
@@ -56,6 +76,7 @@ import os
 import threading
 
 PARALLEL_BYTES = 3 << 19  # 1.5 MiB: batches smaller than this are copied by the calling thread alone
+CALLER_FIRST_BYTES = 3 << 20  # copies up to this size: the caller copies its piece at the start (NOTE [caller first])
 SHARES = (0.1, 0.5)  # the caller's piece, as a fraction of a helper's: lowest and highest
 SHARE_STEP = 0.02
 
@@ -85,10 +106,13 @@ class RowCopier:
             for source, rows, out in jobs:  # copied here, with nothing to hand over (see NOTE [copy on two cores])
                 source.take(rows, 0, out, "clip")
             return COPIED
-        copy = Copy(_split(jobs, threads, self.share), self)
+        nbytes = sum(out.nbytes for _, _, out in jobs)
+        copy = Copy(_split(jobs, threads, self.share), self, caller_first=nbytes <= CALLER_FIRST_BYTES)
         copy.helpers = self._helpers(min(threads, len(copy.pieces)) - 1)
         for helper in copy.helpers:
             helper.post(copy)
+        if copy.caller_first:
+            copy.copy_own()
         return copy
 
     def balance(self, waited):
@@ -147,10 +171,13 @@ class Helper:
 
 
 class Copy:
-    """Pieces (lists of take jobs) claimed from one counter by every thread that runs ``copy``."""
+    """Pieces (lists of take jobs) claimed from one counter by every thread that runs ``copy``; with
+    ``caller_first`` the last piece is the caller's own (``copy_own``), and only the others are claimed."""
 
-    def __init__(self, pieces, copier=None):
+    def __init__(self, pieces, copier=None, caller_first=False):
         self.pieces, self.helpers, self._copier, self._error = pieces, [], copier, None
+        self.caller_first = caller_first and len(pieces) > 1
+        self._claimed = len(pieces) - 1 if self.caller_first else len(pieces)  # pieces the counter hands out
         self._next, self._ended = itertools.count(), itertools.count(1)  # next() is atomic under the GIL
         self._done = threading.Lock()  # held until the last piece ends
         if pieces:
@@ -159,15 +186,22 @@ class Copy:
     def copy(self):
         """Copy pieces until none is left unclaimed."""
         for number in self._next:
-            if number >= len(self.pieces):
+            if number >= self._claimed:
                 return
-            try:
-                for source, rows, out in self.pieces[number]:
-                    source.take(rows, 0, out, "clip")
-            except BaseException as exc:
-                self._error = exc
-            if next(self._ended) == len(self.pieces):
-                self._done.release()
+            self._copy_piece(number)
+
+    def copy_own(self):
+        """Copy the caller's piece (the last one) now: see NOTE [caller first]."""
+        self._copy_piece(len(self.pieces) - 1)
+
+    def _copy_piece(self, number):
+        try:
+            for source, rows, out in self.pieces[number]:
+                source.take(rows, 0, out, "clip")
+        except BaseException as exc:
+            self._error = exc
+        if next(self._ended) == len(self.pieces):
+            self._done.release()
 
     def finish(self):
         """Copy the pieces nobody claimed, wait for the claimed ones; raise the first error of any."""

@@ -94,6 +94,28 @@ def test_a_helper_that_never_runs_leaves_its_piece_to_the_caller(tmp_path):
         blocker.release.set()
 
 
+@pytest.mark.parametrize("caller_first", [True, False])
+def test_the_callers_piece_is_copied_as_a_small_copy_starts(tmp_path, monkeypatch, caller_first):
+    # NOTE [caller first]: up to CALLER_FIRST_BYTES, before start returns; larger copies leave it for finish
+    monkeypatch.setattr(rowcopy, "CALLER_FIRST_BYTES", 1 << 40 if caller_first else 0)
+    jobs, out, expected = sources_and_jobs(tmp_path, lambda size: np.arange(size)[::-1], [64, 64])
+    copier = RowCopier()
+    blocker = Blocking()
+    (helper,) = copier._helpers(1)
+    helper.post(Copy([[(blocker, np.arange(1), np.empty(1))]]))  # the helper is busy: only the caller copies
+    assert blocker.started.wait(30)
+    try:
+        copy = copier.start(jobs, threads=2)
+        own = sum(len(rows) for _, rows, _ in copy.pieces[-1])
+        assert 0 < own < len(out)
+        assert np.array_equal(out[-own:], expected[-own:]) == caller_first  # the caller's rows, before finish
+        assert not np.array_equal(out[:-own], expected[:-own])  # the helper's piece: not begun
+        copy.finish()  # the caller copies the helper's piece too
+        assert np.array_equal(out, expected)
+    finally:
+        blocker.release.set()
+
+
 def test_a_helper_woken_with_nothing_posted_waits_for_the_next_copy():
     # The state a post leaves when it comes between the helper's wake-up and its lock: the go released, no copy.
     (helper,) = RowCopier()._helpers(1)
