@@ -80,7 +80,9 @@ class HelperProcess:
         self._log = getattr(dataset, "read_path_log", None)  # see NOTE [paths read elsewhere]
         self._tally = torch.zeros(len(PATHS), dtype=torch.int64).share_memory_()
         if self._log is not None:
-            self._log.add_tally(self._tally.numpy())
+            tally = self._tally.numpy()
+            self._log.add_tally(tally)
+            weakref.finalize(self, self._log.fold_tally, tally)  # its counts stay; its shared memory goes
 
     def batches(self, steps, ahead, cursor=None):
         """Yield the batch of each ``(epoch, indices)`` of ``steps``, ``ahead`` steps read ahead by the helper.
@@ -368,8 +370,9 @@ class _PathsHere:
         """Add the batches read since the last call to the tally; return the fallbacks not sent yet, or None."""
         if self.log is None:
             return None
-        self.tally += np.subtract(self._now(), self._counted)  # the training process only reads it
-        self._counted = self._now()
+        now = self._now()
+        self.tally += np.subtract(now, self._counted)  # the training process only reads it
+        self._counted = now
         if len(self.log.fallbacks) == self._said:
             return None
         said, self._said = dict(list(self.log.fallbacks.items())[self._said :]), len(self.log.fallbacks)

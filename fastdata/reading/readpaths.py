@@ -51,6 +51,12 @@ class ReadPaths:
         """Count in ``totals`` what another process reads for this one: ``tally`` is its int64 ``[len(PATHS)]``."""
         self._tallies.append(tally)
 
+    def fold_tally(self, tally):
+        """Keep what ``tally`` (added before) counted as this process's own counts, and let it go."""
+        for path, count in zip(PATHS, tally.tolist()):
+            self.counts[path] += count
+        self._tallies = [kept for kept in self._tallies if kept is not tally]
+
     def fall_back(self, key, message):
         """Warn ``message`` (FastPathWarning) unless a fallback of ``key`` was warned about already."""
         if key not in self.fallbacks:

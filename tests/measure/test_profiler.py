@@ -5,6 +5,7 @@ and a busy shared machine only makes it longer), so the tests do not flake.
 """
 
 import dataclasses
+import gc
 import time
 
 import numpy as np
@@ -304,3 +305,7 @@ def test_batches_a_helper_process_reads_count_in_the_report(shard_converted):
     assert report.batches == len(loader) == helper["batches"] == helper["read_paths"]["stitched"]
     assert report.read_paths == helper["read_paths"] == dataset.read_paths(), (report.read_paths, helper)
     assert sum(dataset.read_path_log.counts.values()) == 0  # none read in this process
+    counted = dataset.read_paths()
+    del loader, profiled
+    gc.collect()  # the helper's shared tally goes with it; what it counted stays the dataset's
+    assert dataset.read_paths() == counted and dataset.read_path_log._tallies == []
