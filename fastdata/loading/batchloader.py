@@ -255,7 +255,8 @@ class BatchLoader(Resumable):
         where reading moves, the read-ahead of the side left ends (a
         window's memory here goes with it; the helper's ends at once) and
         the other side's starts at that step, made anew. A forked helper
-        does not inherit the windows' memory (MADV_DONTFORK in windows.py).
+        drops the pages of the windows it inherits (NOTE [windows after
+        fork] in windows.py).
         """
         if not self.steps.read_in_helper(helper):
             return

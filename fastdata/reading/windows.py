@@ -168,9 +168,7 @@ class WindowReads:
         rows = SLOTS * self.slot_rows + 1
         self._memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment,  # page-aligned; pages made as read
                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        # A forked child (the auto helper: NOTE [auto helper] in batchloader.py) makes its own windows and
-        # never reads these: not mapped there, they cannot outlive this process's WindowReads in it.
-        self._memory.madvise(mmap.MADV_DONTFORK)
+        _WITH_MEMORY.add(self)  # see NOTE [windows after fork]
         step = int(np.gcd(self.row_bytes, self.alignment))
         usual = self.store.usual_remainder(step)  # view row 0's byte: see NOTE [window reads]
         self._base = self._column_offsets(0)[0] % step if usual is None else usual
@@ -346,6 +344,30 @@ class WindowAhead:
         """End the window reads' threads (the next ``start`` begins them again)."""
         self.reads.close()
         self._window = None
+
+
+# NOTE [windows after fork]: a forked child (the auto helper: NOTE [auto
+# helper] in batchloader.py; a DataLoader worker) makes its own windows and
+# never reads the ones it inherits, yet it held their pages: with the auto
+# helper forked beside 512 MB of windows this process was letting go, a
+# 1.2 GB memory cgroup killed the helper (/tmp/big/drive.py). MADV_DONTFORK
+# left the child without the mapping, but an inherited mmap object then
+# unmapped whatever the child had put at that address since (the helper
+# crashed with SIGSEGV in its own window reads and in its garbage
+# collector). So the child keeps the mappings and drops their pages
+# (MADV_DONTNEED): reading them would give zeros, and nothing reads them.
+_WITH_MEMORY = weakref.WeakSet()  # this process's WindowReads whose memory is mapped
+
+
+def _drop_inherited_windows():
+    for reads in list(_WITH_MEMORY):
+        try:
+            reads._memory.madvise(mmap.MADV_DONTNEED)
+        except (AttributeError, ValueError):  # no memory yet, or closed
+            pass
+
+
+os.register_at_fork(after_in_child=_drop_inherited_windows)
 
 
 def _place_windows(slots, reads):

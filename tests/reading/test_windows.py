@@ -1,5 +1,6 @@
 """Window reads: a block order's windows read whole with direct I/O give the same batches as the files, safely."""
 
+import gc
 import os
 import pickle
 import time
@@ -452,3 +453,45 @@ def test_direct_buffers_start_on_a_huge_page_ask_for_huge_pages_and_take_direct_
     finally:
         os.close(fd)
     assert np.array_equal(buffer[: 2 * HUGE_PAGE], data)
+
+
+def _child_of_windows(reads, indices, folder, done):
+    """In a forked child: the inherited windows' pages are dropped, and windows of its own read and go safely."""
+    try:
+        parts = reads.parts(indices)  # not this process's windows: none
+        inherited = np.asarray(reads.view[: len(indices)])
+        dataset = open_dataset(folder)
+        loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
+        batches = sum(1 for _ in loader)
+        del reads, loader, dataset
+        gc.collect()  # the inherited mmap objects go: nothing of the child's may be unmapped with them
+        done.put((parts is None, bool(inherited.any()), batches))
+    except BaseException as exc:  # the parent reports it
+        done.put(repr(exc))
+
+
+@pytest.mark.parametrize("start_method", start_methods("fork"))
+def test_a_forked_child_drops_the_pages_of_the_windows_it_inherits(folders, monkeypatch, start_method):
+    # NOTE [windows after fork]: with MADV_DONTFORK the child crashed once it had mapped memory where they lay
+    import multiprocessing
+
+    folder = folders[32]
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
+    next(iter(loader))  # this process's windows hold rows now
+    reads = loader.steps.readahead.reads
+    indices = np.sort(loader.sampler.order.batch(0, 0))
+    assert reads.parts(indices) is not None and np.asarray(reads.view).any()
+    context = multiprocessing.get_context(start_method)
+    done = context.Queue()
+    child = context.Process(target=_child_of_windows, args=(reads, indices, folder, done))
+    child.start()
+    try:
+        wait_for(lambda: not done.empty() or not child.is_alive(), "the child's answer or its end")
+        result = done.get(timeout=5) if child.exitcode in (None, 0) else None  # None: it crashed
+    finally:
+        child.join(30)
+    assert result == (True, False, len(loader)) and child.exitcode == 0, (result, child.exitcode)
+    assert np.asarray(reads.view).any()  # the parent's rows stay
+    loader.close()
