@@ -1,6 +1,7 @@
 """Window reads: a block order's windows read whole with direct I/O give the same batches as the files, safely."""
 
 import gc
+import multiprocessing
 import os
 import pickle
 import time
@@ -473,8 +474,6 @@ def _child_of_windows(reads, indices, folder, done):
 @pytest.mark.parametrize("start_method", start_methods("fork"))
 def test_a_forked_child_drops_the_pages_of_the_windows_it_inherits(folders, monkeypatch, start_method):
     # NOTE [windows after fork]: with MADV_DONTFORK the child crashed once it had mapped memory where they lay
-    import multiprocessing
-
     folder = folders[32]
     dataset = open_dataset(folder)
     monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
