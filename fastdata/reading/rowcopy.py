@@ -102,11 +102,11 @@ class RowCopier:
         once, before the outputs are used or the sources unmapped. On one
         thread or under PARALLEL_BYTES the rows are copied here (COPIED).
         """
-        if threads <= 1 or sum(out.nbytes for _, _, out in jobs) < PARALLEL_BYTES:
+        nbytes = sum(out.nbytes for _, _, out in jobs)
+        if threads <= 1 or nbytes < PARALLEL_BYTES:
             for source, rows, out in jobs:  # copied here, with nothing to hand over (see NOTE [copy on two cores])
                 source.take(rows, 0, out, "clip")
             return COPIED
-        nbytes = sum(out.nbytes for _, _, out in jobs)
         copy = Copy(_split(jobs, threads, self.share), self, caller_first=nbytes <= CALLER_FIRST_BYTES)
         copy.helpers = self._helpers(min(threads, len(copy.pieces)) - 1)
         for helper in copy.helpers:
