@@ -39,10 +39,10 @@ import json
 import os
 
 import numpy as np
-import torch
 import torch.distributed as dist
 
 from fastdata.errors import OptionError
+from fastdata.loading.collectives import gather_objects, gather_rows
 from fastdata.loading.samplers import EpochSampler
 
 FIELDS = ("sampler", "dataset", "num_samples", "batch_size", "shuffle", "seed", "block_size", "window", "remainder",
@@ -76,11 +76,10 @@ def check_agreement(loader) -> bool:
     if world_size == 1 or sampler.world_size != world_size:
         return False
     settings = loader_settings(loader)
-    rows = _gather_rows(_digest(settings), world_size)
+    rows = gather_rows(_digest(settings))
     if (rows == rows[0]).all():
         return True
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, settings)
+    everyone = gather_objects(settings)
     differing = [field for k, field in enumerate(FIELDS) if not (rows[:, k] == rows[0, k]).all()]
     raise OptionError(_disagreement(everyone, differing))
 
@@ -109,26 +108,6 @@ def _digest(settings):
     """Return one signed 64-bit hash per field of FIELDS."""
     return [int.from_bytes(hashlib.blake2b(json.dumps(settings[field], sort_keys=True, default=str).encode(),
                                            digest_size=8).digest(), "little", signed=True) for field in FIELDS]
-
-
-def _gather_rows(row, world_size):
-    """Return int64 ``[world_size, len(row)]``: every rank's ``row``, by one all_gather."""
-    mine = torch.tensor(row, dtype=torch.int64, device=_collective_device())
-    rows = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(rows, mine)
-    return torch.stack(rows).cpu()
-
-
-def _collective_device():
-    """Return the device of the default group's tensors: the CPU where a backend takes them, else this rank's GPU.
-
-    gloo and mpi take CPU tensors, and so does a group of several backends ("cpu:gloo,cuda:nccl", the
-    default of ``init_process_group()``); nccl takes only CUDA tensors, on the device this rank set.
-    """
-    config = dist.get_backend_config() if hasattr(dist, "get_backend_config") else str(dist.get_backend())
-    if "cpu:" in config or any(name in config for name in ("gloo", "mpi")):
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _disagreement(everyone, differing):

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from fastdata._cpu import usable_cpus
 from fastdata.errors import OptionError
 from fastdata.loading.batchloader import BatchLoader, option_names, reads_plainly
+from fastdata.loading.collectives import broadcast_object
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.helper import HelperProcess, HelperReadAhead
@@ -376,10 +377,10 @@ def _default_block_settings(dataset, remote, group):
     """Return a block shuffle's default ``(block_size, window)``; a remote dataset's are rank 0's for every rank."""
     if not remote:
         return block_settings(dataset)
-    settings = list(remote_block_settings(dataset))  # from the cache limit: see NOTE [remote shuffle] in remote.py
+    settings = tuple(remote_block_settings(dataset))  # from the cache limit: see NOTE [remote shuffle] in remote.py
     if group and dist.get_world_size() > 1:
-        dist.broadcast_object_list(settings, src=0)
-    return tuple(settings)
+        settings = broadcast_object(settings)
+    return settings
 
 
 def _shuffle_mode(shuffle, fits, group):
@@ -393,9 +394,7 @@ def _shuffle_mode(shuffle, fits, group):
         return shuffle
     shuffle = "uniform" if fits else "block"  # see NOTE [auto shuffle] in shuffles.py
     if group and dist.get_world_size() > 1:  # ranks could see other free memory: rank 0 decides for all
-        chosen = [shuffle]
-        dist.broadcast_object_list(chosen, src=0)
-        shuffle = chosen[0]
+        shuffle = broadcast_object(shuffle)
     return shuffle
 
 

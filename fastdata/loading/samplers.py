@@ -44,6 +44,7 @@ import numpy as np
 import torch.distributed as dist
 
 from fastdata.errors import OptionError
+from fastdata.loading.collectives import broadcast_object
 from fastdata.reading.order import EpochOrder, check_positive
 
 _CHUNK_SAMPLES = 16384  # positions computed per order.samples call (see NOTE [chunked order])
@@ -224,9 +225,7 @@ class BatchIndexSampler(EpochSampler):
 
     def _rebind(self):
         if self.chosen_here and self.world_size > 1:  # as make_loader under a group: rank 0 chooses for all
-            settings = [self._settings]
-            dist.broadcast_object_list(settings, src=0)
-            self._settings = settings[0]
+            self._settings = broadcast_object(self._settings)
         self._make_order()
 
     def __len__(self):

@@ -14,7 +14,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import free_port
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
@@ -104,12 +104,6 @@ def check_counts(epoch, num_samples, global_batch, remainder):
         return
     assert counts.min() >= 1 and counts.max() - counts.min() <= 1  # pad wraps to the epoch's start:
     assert set(np.flatnonzero(counts > counts.min()).tolist()) <= set(epoch[0])  # repeats come from the first step
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -517,25 +511,6 @@ def test_a_loader_read_on_one_rank_alone_waits_for_no_other(labeled_files, tmp_p
     assert [len(result[0]["epochs"]) for result in results] == [2, 1]
     assert [len(result[1]["epochs"]) for result in results] == [1, 0]
     assert results[0][1]["len"] == -(-PRIME // GLOBAL_BATCH)
-
-
-@pytest.mark.parametrize("backend", ["gloo", None])  # None: init_process_group's default, "cpu:gloo[,cuda:nccl]"
-def test_the_comparison_gathers_cpu_tensors_where_the_backend_takes_them(monkeypatch, backend):
-    import torch
-    import torch.distributed as dist
-
-    from fastdata.loading.agreement import _collective_device
-
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group(backend, rank=0, world_size=1)
-    try:
-        assert _collective_device() == torch.device("cpu")
-        monkeypatch.setattr(dist, "get_backend_config", lambda: "cuda:nccl")  # an nccl group: this rank's GPU
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-        assert _collective_device() == torch.device("cuda", 3)
-    finally:
-        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- refused states
