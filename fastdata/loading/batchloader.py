@@ -83,7 +83,8 @@ class BatchLoader(Resumable):
         position = self._begin_epoch()  # see NOTE [loader state] in state.py: taken before the sampler advances
         first, steps = self._take_next_epoch()
         if self.helper is not None:  # see NOTE [helper process] in helper.py
-            batches = self.helper.batches(steps, ahead=max(self.prefetch_factor, 1), cursor=self.steps)
+            batches = self.helper.batches(steps, ahead=max(self.prefetch_factor, 1), cursor=self.steps,
+                                          threads=self._threads)
         elif self._make_auto_helper is not None:
             batches = self._switching(steps, first)
         else:
@@ -191,15 +192,31 @@ class BatchLoader(Resumable):
         if not self._takes_threads or "threads" in self.options:
             return self.options
         threads = self.max_threads  # None: the decoders' default, every usable core
-        if self._body.keeps_a_core_busy():
+        if self._body.keeps_a_core_busy() and not self._body.waits_for_data():
             # NOTE [leave a core]: decoding on every core starves a training
             # loop that computes on the CPU (of CPU and of the GIL); keep one
             # core for it. A loop that mostly waits (for the GPU) leaves its
             # core to the decoders: with a 5 ms sleep per step on 2 cores,
             # 64x64 JPEG lost 1.2% of the epoch decoding on both cores
             # against 10-14% with one core kept.
+            # NOTE [data-bound loop]: but a loop that waits for its batches
+            # gains more from a second decoding core than it loses to it, and
+            # the auto helper decodes in a process of its own, whose threads
+            # take the loop's core from it by the OS alone. Measured with the
+            # helper (benchmarks/results/tmp/p28/probe.py: busystep's 5 ms
+            # GIL-holding step, fresh processes in turn, AMD EPYC, 2 cores):
+            # 64 px JPEG kept 0.91-0.93 of the loop alone on 1 thread against
+            # 0.63-0.85 on 2 (the loop waited 2% against 5%); 224 px JPEG,
+            # which one core cannot decode in time, 0.14 on 1 thread against
+            # 0.23-0.25 on 2 (waiting 78-85% against 53-56%). So the core is
+            # kept unless the loop waits over WAITS_ABOVE of its time, and
+            # kept again once it waits under WAITS_UNTIL_BELOW (overlap.py).
             threads = max(1, min(usable_cpus() - 1, threads or usable_cpus()))
         return self.options if threads is None else {**self.options, "threads": threads}
+
+    def _threads(self):
+        """Return the threads the next batch is decoded with (NOTE [leave a core]), or None: the reader's own."""
+        return self._options().get("threads") if self._takes_threads else None
 
     def _helper_pays(self):
         """Whether batches should come from the auto helper process now: see NOTE [auto helper]."""
@@ -276,7 +293,8 @@ class BatchLoader(Resumable):
             self.auto_helper = self._make_auto_helper()
         if first is not None:
             yield first
-        for batch in self.auto_helper.batches(tap, ahead=max(self.prefetch_factor, 1), cursor=self.steps):
+        for batch in self.auto_helper.batches(tap, ahead=max(self.prefetch_factor, 1), cursor=self.steps,
+                                              threads=self._threads):
             yield batch
             if not tap.cut and not self._helper_pays():  # the steps sent are still received and yielded
                 tap.cut = True

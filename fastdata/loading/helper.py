@@ -84,10 +84,12 @@ class HelperProcess:
             self._log.add_tally(tally)
             weakref.finalize(self, self._log.fold_tally, tally)  # its counts stay; its shared memory goes
 
-    def batches(self, steps, ahead, cursor=None):
+    def batches(self, steps, ahead, cursor=None, threads=None):
         """Yield the batch of each ``(epoch, indices)`` of ``steps``, ``ahead`` steps read ahead by the helper.
 
         ``cursor``: the Steps that ``steps`` come from; a HelperReadAhead it follows runs in the helper.
+        ``threads``: returns the threads each batch is read with as it is asked for (None: ``options``'),
+        NOTE [data-bound loop] in batchloader.py.
         """
         self._start()
         self._drop_in_flight()
@@ -96,7 +98,8 @@ class HelperProcess:
             while True:
                 while len(sent) < ahead and (step := next(steps, None)) is not None:
                     sent.append(step)
-                    self._send(*step, self._forward(getattr(cursor, "readahead", None)))
+                    self._send(*step, self._forward(getattr(cursor, "readahead", None)),
+                               threads=threads() if threads is not None else None)
                 if not sent:
                     return
                 yield self._receive(*sent.popleft())
@@ -158,9 +161,10 @@ class HelperProcess:
         events, readahead.events = readahead.events, []
         return events
 
-    def _send(self, epoch, indices, events=()):
+    def _send(self, epoch, indices, events=(), threads=None):
         slot = self._free.popleft() if self._free else -1  # none free: every slot holds a batch the loop kept
-        self._conn.send_bytes(np.concatenate((np.array([epoch, slot, len(events)], np.int64),  # NOTE [requests]
+        head = [epoch, slot, threads or 0, len(events)]  # NOTE [requests]
+        self._conn.send_bytes(np.concatenate((np.array(head, np.int64),
                                               np.array(events, np.int64).reshape(-1),
                                               np.asarray(indices, dtype=np.int64))))
 
@@ -179,8 +183,8 @@ class HelperProcess:
         NOTE [requests]: the pipe's own send and poll cost the training
         thread 133 + 94 us of CPU a batch (a pickler made per message, a
         selector per poll; 2 shared cores); a request is instead one int64
-        array ``[epoch, slot or -1, K, *K read-ahead calls of 3, *indices]``
-        as bytes (a HelperReadAhead's calls: NOTE [read-ahead in the
+        array ``[epoch, slot or -1, threads or 0, K, *K read-ahead calls of 3,
+        *indices]`` as bytes (a HelperReadAhead's calls: NOTE [read-ahead in the
         helper]), and a reply is awaited by a blocking read: the helper's
         death closes its end of the pipe, which ends the read. A message
         whose first int64 is negative is not a request: -1 and a pickled
@@ -385,15 +389,17 @@ class _PathsHere:
 def _serve_request(conn, request, dataset, reader, options, buffers, readahead, paths):
     """Make the read-ahead's calls the request carries, read its batch into its slot (or as itself), reply; return
     how many of its tensors were read straight into the slot."""
-    epoch, slot, count = int(request[0]), int(request[1]), int(request[2])
-    for kind, first, second in request[3 : 3 + 3 * count].reshape(count, 3).tolist():
+    epoch, slot, threads, count = (int(value) for value in request[:4])
+    if threads and "threads" in options:  # see NOTE [data-bound loop] in batchloader.py
+        options = {**options, "threads": threads}
+    for kind, first, second in request[4 : 4 + 3 * count].reshape(count, 3).tolist():
         if readahead is None:  # its maker found none to make (e.g. a stream too large to hold)
             break
         if kind == _STARTED:
             readahead.start(first, second)
         else:
             readahead.advance(first)
-    indices = request[3 + 3 * count :]
+    indices = request[4 + 3 * count :]
     slot = None if slot < 0 else slot
     layout, in_place = None, 0
     try:

@@ -10,6 +10,9 @@ STREAK = 3  # bodies in a row that switch reading inline <-> on a thread
 # The loop thread's CPU time / body time above which it computes (decoding leaves it a core, reading moves to
 # the auto helper), and below which it no longer does: see NOTE [computing hysteresis].
 COMPUTES_ABOVE, COMPUTES_UNTIL_BELOW = 0.6, 0.4
+# The loop's share of its time spent waiting for batches above which decoding takes every core again, and below
+# which it leaves the loop its core again: see NOTE [data-bound loop] in batchloader.py.
+WAITS_ABOVE, WAITS_UNTIL_BELOW = 0.15, 0.02
 _DONE = object()
 
 
@@ -29,19 +32,24 @@ class LoopBody:
     def __init__(self):
         self.busy = False
         self._streak = 0  # bodies in a row on the other side of the threshold from ``busy``
-        self._wall = self._cpu = 0.0
+        self._wall = self._cpu = self._waited = 0.0  # running sums: body wall and CPU time, time waited in next()
         self._computes = False  # see keeps_a_core_busy
+        self._waits = False  # see waits_for_data
 
     def timed(self, batches):
         """Yield ``batches``, timing the consumer's work after each one; close them when done."""
         with closing(batches):
+            resumed = None  # when the last measured body ended: the wait for the next batch began
             for batch in batches:
                 busy = self.busy
                 measured = busy or self._streak > 0  # busy, or long bodies in a row so far
                 wall = time.perf_counter()
+                if resumed is not None:
+                    self._waited = self._DECAY * self._waited + wall - resumed
                 cpu = time.thread_time() if measured else 0.0
                 yield batch
-                wall = time.perf_counter() - wall
+                resumed = time.perf_counter() if measured else None
+                wall = (resumed or time.perf_counter()) - wall
                 if measured:
                     self._wall = self._DECAY * self._wall + wall
                     self._cpu = self._DECAY * self._cpu + time.thread_time() - cpu
@@ -70,6 +78,14 @@ class LoopBody:
         """
         self._computes = computes(self._cpu / self._wall if self._wall else 0.0, self._computes)
         return self.busy and self._computes
+
+    def waits_for_data(self):
+        """Whether the loop spends over WAITS_ABOVE of its time waiting for batches, and since then not under
+        WAITS_UNTIL_BELOW (measured while busy; see NOTE [data-bound loop] in batchloader.py)."""
+        total = self._waited + self._wall
+        share = self._waited / total if total else 0.0
+        self._waits = share > (WAITS_UNTIL_BELOW if self._waits else WAITS_ABOVE)
+        return self._waits
 
 
 def computes(share, computed):

@@ -507,6 +507,61 @@ def test_decoding_leaves_a_core_only_to_a_loop_that_computes(packed_files, monke
     assert later_epochs and set(later_epochs) == ({3} if leaves_a_core else {None})
 
 
+class SlowReadsDataset(ThreadsRecordingDataset):
+    """Reads each batch in at least ``seconds``: a loop over it waits for its batches (NOTE [data-bound loop])."""
+
+    def __init__(self, path, seconds):
+        super().__init__(path)
+        self.seconds = seconds
+
+    def read_batch(self, indices, *args, **kwargs):
+        time.sleep(self.seconds)
+        return super().read_batch(indices, *args, **kwargs)
+
+
+@pytest.mark.slow
+def test_a_loop_that_computes_but_waits_for_its_batches_gets_every_core_back(packed_files, monkeypatch):
+    # see NOTE [data-bound loop]: the loop waits ~2/3 of its time, so the core NOTE [leave a core] kept is given back
+    monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
+    dataset = SlowReadsDataset(packed_files("hdf5", "jpeg"), 2 * STEP)
+    loader = make_loader(dataset, 2, helper_process=False)
+    for _ in range(2):
+        for _ in loader:
+            spin(STEP)
+    later = dataset.threads[len(loader) :]
+    assert later and later[-1] is None and 3 not in later[-len(loader) // 2 :]
+
+
+class ThreadsLoggingDataset(HDF5Dataset):
+    """Appends the decode threads each batch read was given to the file ``log``: reads in a helper process too."""
+
+    def __init__(self, path, log):
+        super().__init__(path)
+        self.log = os.fspath(log)
+
+    def read_batch(self, indices, *args, **kwargs):
+        with open(self.log, "a") as f:
+            f.write(f"{kwargs.get('threads')}\n")
+        return super().read_batch(indices, *args, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step, threads", [(time.sleep, 4), (spin, 3)])
+def test_the_helper_process_leaves_a_core_to_a_loop_that_computes(packed_files, tmp_path, monkeypatch, step,
+                                                                  threads):
+    # NOTE [data-bound loop]: the helper's threads would take the loop's core from it by the OS alone
+    monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
+    monkeypatch.setattr("fastdata.loading.loader.usable_cpus", lambda: 4)
+    log = tmp_path / "threads.log"
+    dataset = ThreadsLoggingDataset(packed_files("hdf5", "jpeg"), log)
+    with make_loader(dataset, 2, helper_process=True, multiprocessing_context="fork") as loader:
+        for _ in range(3):
+            for _ in loader:
+                step(STEP)
+    read = log.read_text().split()
+    assert len(read) == 3 * len(loader) and set(read[len(loader) :]) == {str(threads)}
+
+
 @pytest.mark.slow
 def test_threads_given_are_what_every_batch_is_read_with(packed_files, monkeypatch):
     monkeypatch.setattr("fastdata.loading.batchloader.usable_cpus", lambda: 4)
