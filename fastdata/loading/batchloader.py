@@ -210,7 +210,10 @@ class BatchLoader(Resumable):
             # which one core cannot decode in time, 0.14 on 1 thread against
             # 0.23-0.25 on 2 (waiting 78-85% against 53-56%). So the core is
             # kept unless the loop waits over WAITS_ABOVE of its time, and
-            # kept again once it waits under WAITS_UNTIL_BELOW (overlap.py).
+            # kept again once it waits under WAITS_UNTIL_BELOW (overlap.py),
+            # above the 4-6% that 64 px waited on 2 threads: with 0.02 a 2 ms
+            # step (data-bound) before the 5 ms one left every core to the
+            # helper for good (busystep kept 0.82 there against 0.89 now).
             threads = max(1, min(usable_cpus() - 1, threads or usable_cpus()))
         return self.options if threads is None else {**self.options, "threads": threads}
 

@@ -12,7 +12,7 @@ STREAK = 3  # bodies in a row that switch reading inline <-> on a thread
 COMPUTES_ABOVE, COMPUTES_UNTIL_BELOW = 0.6, 0.4
 # The loop's share of its time spent waiting for batches above which decoding takes every core again, and below
 # which it leaves the loop its core again: see NOTE [data-bound loop] in batchloader.py.
-WAITS_ABOVE, WAITS_UNTIL_BELOW = 0.15, 0.02
+WAITS_ABOVE, WAITS_UNTIL_BELOW = 0.15, 0.08
 _DONE = object()
 
 
