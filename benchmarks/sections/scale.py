@@ -57,6 +57,7 @@ QUICK = {"scale_raw_images": 1200, "scale_jpeg_images": 600, "scale_classes": 50
          "scale_order_samples": (10**5, 10**6), "scale_world_sizes": ((1, 0), (2, 0)), "scale_epochs": 2}
 SIZES = {"raw": 64, "jpeg": 224}  # pixels a side per storage
 BATCH = 256
+RANKS = 2  # gloo ranks of the block row that share a machine's windows (NOTE [shared windows])
 DDP_BATCH = 252  # a global batch every world size of 1-4 divides
 DDP_TIMEOUT = 180  # seconds a whole DDP run may take before it counts as a hang
 RESUME_AT = 0.9
@@ -178,8 +179,10 @@ def cache_rows(data, conf, workdir):
     loader = {"what": "loader", "path": data["path"], "paths": data["paths"], "max_seconds": seconds,
               "sample_bytes": data["sample_bytes"]}
     scattered = {**limit, "what": "random"}
+    ranks = [{**loader, "what": "ranks", "shuffle": "block", "world_size": RANKS}] if data["storage"] == "raw" else []
     rows = [bounded(args, conf, workdir)  # each loader row beside its limit: see NOTE [drifting disk]
-            for args in (limit, {**loader, "shuffle": "block"}, limit, {**loader, "shuffle": "uniform"}, scattered)]
+            for args in (limit, {**loader, "shuffle": "block"}, *ranks, limit, {**loader, "shuffle": "uniform"},
+                         scattered)]
     cached = []
     if data["storage"] == "jpeg":  # the same loader over the same files, all in the page cache: NOTE [cached baseline]
         warm = {**loader, "max_seconds": seconds / 2, "warm": True}
@@ -261,7 +264,7 @@ def measure_main():
     """Entry of the measuring processes: ``python -c ... JSON``; prints one JSON line."""
     args = json.loads(sys.argv[1])
     run_one = {"limit": measure_limit, "random": measure_random, "loader": measure_loader, "order": measure_order,
-               "permutation": measure_permutation, "ddp": ddp_driver}[args["what"]]
+               "permutation": measure_permutation, "ddp": ddp_driver, "ranks": measure_ranks}[args["what"]]
     print(json.dumps(run_one(args)))
 
 
@@ -345,6 +348,90 @@ def measure_loader(args):
             "classes_per_batch": float(np.mean(mixes)), "order": order, "read_paths": dataset.read_paths(),
             "fast_path_warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)],
             "resident_after": _residency(args["paths"])}
+
+
+def measure_ranks(args):
+    """Read the block order with ``world_size`` gloo ranks of one machine (an all_reduce a step, as a trainer's)
+    for ``seconds`` after evicting the files; return their summed rate, I/O and read paths (rank 0's summary)."""
+    import torch.multiprocessing as mp
+
+    from fastdata.measure.pagecache import ReadCounter
+
+    drop = _cold(args["paths"])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = os.path.join(os.path.dirname(args["path"]), f"ranks-{os.getpid()}.json")
+    counter = ReadCounter(args["paths"][0]).start()  # the device's bytes; each rank counts its own process's
+    mp.start_processes(ranks_rank, args=(args, port, out), nprocs=args["world_size"], join=True,
+                       start_method="spawn")
+    disk = counter.stop()[0]
+    with open(out) as f:
+        ranks = json.load(f)
+    os.remove(out)
+    count = sum(rank["samples"] for rank in ranks)
+    seconds = max(rank["seconds"] for rank in ranks)
+    sample_bytes = sum(rank["all_samples"] for rank in ranks) * args["sample_bytes"]
+    paths = {name: sum(rank["read_paths"][name] for rank in ranks) for name in ranks[0]["read_paths"]}
+    return {"drop": drop, "samples": count, "seconds": seconds, "samples_per_s": count / seconds,
+            "first_batch_seconds": max(rank["first"] for rank in ranks),
+            "disk_bytes": disk, "process_bytes": sum(rank["process_bytes"] for rank in ranks),
+            "amplification": sum(rank["process_bytes"] for rank in ranks) / sample_bytes,
+            "device_amplification": disk / sample_bytes,
+            "classes_per_batch": float(np.mean([rank["classes_per_batch"] for rank in ranks])),
+            "order": ranks[0]["order"], "read_paths": paths, "readahead": ranks[0]["readahead"],
+            "fast_path_warnings": sorted({w for rank in ranks for w in rank["fast_path_warnings"]}),
+            "resident_after": _residency(args["paths"])}
+
+
+def ranks_rank(rank, args, port, out):
+    """One rank of measure_ranks: make_loader's block order of its share of batches of BATCH, for ``seconds``."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from fastdata import make_loader, open_dataset
+    from fastdata.errors import FastPathWarning
+    from fastdata.measure.engine import close_loader
+    from fastdata.measure.pagecache import process_read_bytes
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    world_size = args["world_size"]
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    dataset = open_dataset(args["path"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FastPathWarning)
+        loader = make_loader(dataset, BATCH // world_size, shuffle="block", seed=0)
+        dist.barrier()
+        before, started = process_read_bytes(), time.perf_counter()
+        count, mixes, first, first_count, done = 0, [], None, 0, torch.zeros(1)
+        while not done.item():
+            for _, labels in loader:
+                count += len(labels)
+                mixes.append(len(np.unique(labels.numpy())))
+                if first is None:  # see NOTE [first batch apart]
+                    first, first_count = time.perf_counter() - started, count
+                done[0] = float(time.perf_counter() - started >= args["max_seconds"])
+                dist.all_reduce(done)  # every rank takes as many steps, as a trainer's ranks do
+                if done.item():
+                    break
+        seconds = time.perf_counter() - started
+        read = process_read_bytes() - before
+        readahead = type(loader.steps.readahead).__name__
+        close_loader(loader)
+    order = loader.sampler.describe()
+    order["windows_read_whole"] = readahead in ("WindowAhead", "SharedWindowAhead")
+    mine = {"samples": count - first_count, "all_samples": count, "seconds": seconds - first, "first": first,
+            "process_bytes": read, "classes_per_batch": float(np.mean(mixes)), "order": order,
+            "read_paths": dataset.read_paths(), "readahead": readahead,
+            "fast_path_warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)]}
+    ranks = [None] * world_size
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(ranks, f)
+    dist.destroy_process_group()
 
 
 def _read_for(loader, max_seconds, started):
@@ -562,6 +649,7 @@ def summarize(results):
         limits = [row["samples_per_s"] for row in done if row["what"] == "limit"]
         rows["limit"] = float(np.mean(limits)) if limits else None
         rows["random"] = next((row["samples_per_s"] for row in done if row["what"] == "random"), None)
+        rows["ranks"] = next((row for row in done if row["what"] == "ranks"), None)
         name = f"scale {data['size']}px {data['storage']} {data['format']}, {data['bytes'] / 1e9:.1f} GB in a " \
                f"{data.get('limit_bytes', 0) / 1e9:.1f} GB cgroup"
         if data["storage"] == "raw":
@@ -606,9 +694,17 @@ def raw_targets(name, rows, bigger):
                                block["samples_per_s"] / limit, TARGETS["block_vs_limit"],
                                f"{block['samples_per_s']:,.0f} vs {limit:,.0f} img/s (the limit: mean of the "
                                "sequential reads before and after)"))
-    for row, key in ((block, "block_amplification"), (uniform, "uniform_amplification")):
+    ranks = rows.get("ranks")
+    if ranks and limit:
+        targets.append(_target(f"{name}: block shuffle on {ranks['world_size']} ranks of one machine (sharing its "
+                               "windows) vs the sequential-read limit", ranks["samples_per_s"] / limit,
+                               TARGETS["block_vs_limit"], f"{ranks['samples_per_s']:,.0f} img/s over the ranks vs "
+                               f"{limit:,.0f} img/s; read-ahead {ranks['readahead']}"))
+    for row, key in ((block, "block_amplification"), (ranks, "block_amplification"),
+                     (uniform, "uniform_amplification")):
         if row:
-            targets.append(_target(f"{name}: {row['shuffle']} shuffle read amplification (disk bytes / sample bytes)",
+            what = f"{row['shuffle']} shuffle" + (f" on {row['world_size']} ranks" if row is ranks else "")
+            targets.append(_target(f"{name}: {what} read amplification (disk bytes / sample bytes)",
                                    row["amplification"], TARGETS[key],
                                    f"{row['process_bytes'] / 1e9:.2f} GB read for {row['samples']:,} samples "
                                    f"(whole device: {row['device_amplification']:.2f})",
@@ -680,7 +776,10 @@ CACHE_NOTE = (
     "Resident after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
     "memory.max_usage_in_bytes. Block order: a window of raw rows (HDF5 or Arrow) is read whole with O_DIRECT "
     "into the loader's memory, a task per shard, the next while batches are taken from the current one (NOTE "
-    "[window reads] in fastdata/reading/windows.py); jpeg rows through the memory map with kernel hints (NOTE "
+    "[window reads] in fastdata/reading/windows.py); with 2 ranks (gloo, spawned in the cgroup, an all_reduce "
+    "a step, each its share of batches of 256: img/s summed over them, amplification of their processes' "
+    "reads) into memory the ranks share, each reading its share of the window's shards (NOTE [shared "
+    "windows] in fastdata/reading/sharedwindows.py); jpeg rows through the memory map with kernel hints (NOTE "
     "[window hints] in fastdata/reading/readahead.py). Read paths: the batches the row's process read by each "
     "path, of all it read (dataset.read_paths(): windows read whole, stitched rows, a take per shard, one "
     "file), with any FastPathWarning below the table (NOTE [no silent fallbacks] in "
@@ -724,6 +823,7 @@ def cache_table(data):
     for row in [*data.get("rows", []), *data.get("cached", [])]:
         limits = {"limit": "sequential read (limit)", "random": f"random reads, {row.get('threads')} threads (limit)"}
         what = row.get("shuffle") or limits[row["what"]]
+        what += f", {row['world_size']} ranks (sharing windows)" if row["what"] == "ranks" else ""
         what += ", all cached" if row.get("warm") else ""
         if "skipped" in row:
             body.append((what, row["skipped"][:200], *["-"] * 8))

@@ -251,6 +251,10 @@ class BatchLoader(Resumable):
         # steps against 0.32 / 0.57 / 1.04 for helper_process=True, 64 px raw
         # unchanged (0.90 / 0.92 / 0.97), in one busystep run: the OS shares
         # the cores between the helper's threads and the loop.
+        # Windows shared with the other ranks of the machine stay here: each rank reads its share of them
+        # (NOTE [shared windows] in reading/sharedwindows.py).
+        if getattr(self.steps.readahead, "shared", False):
+            return False
         return self._make_auto_helper is not None and self._body.keeps_a_core_busy()
 
     def _switching(self, steps, first):

@@ -47,6 +47,7 @@ from fastdata.formats.shards import ShardIndex, read_index
 from fastdata.loading.batchreads import BatchReads
 from fastdata.loading.decoders import decoder_for
 from fastdata.loading.huggingface import to_hf
+from fastdata.loading.localranks import share_windows
 from fastdata.loading.records import RecordDataset
 from fastdata.reading.kernel import check_pattern
 from fastdata.reading.remote import open_remote_store
@@ -331,6 +332,24 @@ class PackedDataset(BatchReads, Dataset):
                 "are read through the memory map with kernel hints (0.7 of the disk's rate measured, against 1.0)"))
         else:
             self._store.windows = reads
+        return reads
+
+    def share_windows(self, order, wanted):
+        """Take batches from ``order``'s windows read once by the ranks of this machine together; return the
+        SharedWindowReads, or None. A collective of the process group (NOTE [shared windows] in
+        reading/sharedwindows.py): every rank calls it for the same order; ``wanted``: this rank would read
+        windows (one reader, data bigger than the page cache). None (and no change) where the ranks of this
+        machine cannot all share them, with a FastPathWarning saying why where this rank wanted to.
+        """
+        store = self._store if self.storage == "raw" else None
+        reads, why = share_windows(store, order, wanted and store is not None)
+        if reads is not None:
+            self._store.windows = reads
+        elif why:
+            self._store.read_paths.fall_back("shared windows", (
+                f"the ranks of this machine do not share the block order's windows of {self.path!r}: {why}. Its "
+                "batches are read through the memory map with kernel hints (0.36 of the disk's rate measured for "
+                "2 ranks, against 1.0)"))
         return reads
 
     def drop_windows(self) -> None:

@@ -36,6 +36,7 @@ from fastdata.loading.collectives import broadcast_object
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.device import make_pipeline
 from fastdata.loading.helper import HelperProcess, HelperReadAhead
+from fastdata.loading.localranks import in_process_group
 from fastdata.loading.mixture import Mixture
 from fastdata.loading.recommendation import read_recommendation
 from fastdata.loading.records import RecordDataset
@@ -46,6 +47,7 @@ from fastdata.loading.workers import WorkerLoader, worker_loader
 from fastdata.reading.order import SHUFFLES
 from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.remote import ShardReadAhead, prefetch_shards, remote_block_settings
+from fastdata.reading.sharedwindows import SharedWindowAhead
 from fastdata.reading.shuffles import block_settings, choose_shuffle
 from fastdata.reading.windows import WindowAhead
 
@@ -339,14 +341,21 @@ def _readahead(dataset, sampler, *, remote, fits, one_reader, in_helper=False):
         return HelperReadAhead(sampler.order, partial(local_readahead, order=sampler.order, rank=sampler.rank,
                                                       world_size=sampler.world_size, fits=fits, one_reader=True))
     return local_readahead(dataset, order=sampler.order, rank=sampler.rank, world_size=sampler.world_size,
-                           fits=fits, one_reader=one_reader)
+                           fits=fits, one_reader=one_reader, share=True)
 
 
-def local_readahead(dataset, *, order, rank, world_size, fits, one_reader):
+def local_readahead(dataset, *, order, rank, world_size, fits, one_reader, share=False):
     """Return the ReadsAhead of local ``dataset`` that follows ``order`` on ``rank`` of ``world_size``, or None.
 
-    ``fits``: the dataset stays in the page cache; ``one_reader``: this process reads every batch of its rank.
+    ``fits``: the dataset stays in the page cache; ``one_reader``: this process reads every batch of its rank;
+    ``share``: this is a rank of the process group (not a helper process), which may share windows with the
+    other ranks of its machine (a collective; NOTE [shared windows] in reading/sharedwindows.py).
     """
+    if (share and order.shuffle == "block" and isinstance(dataset, PackedDataset) and in_process_group(world_size)
+            and rank == dist.get_rank()):
+        shared = dataset.share_windows(order, wanted=one_reader and not fits)
+        if shared is not None:
+            return SharedWindowAhead(shared, rank, world_size)
     alone = one_reader and world_size == 1
     if fits and alone and isinstance(dataset, TokenSequences):  # see NOTE [whole stream] in sequencewindows.py
         return dataset.hold_stream(order)

@@ -157,10 +157,11 @@ class ShardStore(ShardChecks, ShardColumns):
             if (parts := self.windows.parts(indices)) is not None:
                 self.read_paths.count(WINDOWS, batches)
                 return parts
-            self.read_paths.fall_back("window miss", (
-                f"a batch of {self.index.root!r} lies outside the block order's windows read whole (the one read now "
-                "and the next): it is read from the files, as is any other such batch (two loaders, or a loader "
-                "and a walk of its sampler, over one dataset at once do this)"))
+            if not self.windows.padded():  # a padded step's wrapped samples are expected outside the windows
+                self.read_paths.fall_back("window miss", (
+                    f"a batch of {self.index.root!r} lies outside the block order's windows read whole (the one read "
+                    "now and the next): it is read from the files, as is any other such batch (two loaders, or a "
+                    "loader and a walk of its sampler, over one dataset at once do this)"))
         if self.index.num_shards == 1:
             self.read_paths.count(ONE_FILE, batches)
             return Parts([self._only()], indices, [0, len(indices)], self._paths)

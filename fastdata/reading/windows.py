@@ -93,6 +93,19 @@ class WindowReads:
         self._offsets = {}  # shard -> (sample column offset, label column offset) in its file
         self.slot_rows = order.window * order.block_size + self._max_runs() * self._run_slack() + 1
         self._pid, self._base = None, None
+        self._padded = 0  # batches of padded steps told by expect_padded, not yet asked for
+
+    def expect_padded(self):
+        """Be told the next batch not in the windows is a padded step's: its samples wrap to the epoch's first
+        window (NOTE [remainder] in order.py), gone by then, and it is read from the files unwarned."""
+        self._padded += 1
+
+    def padded(self):
+        """Return whether a batch outside the windows was a padded step's (expect_padded), counting it."""
+        if not self._padded:
+            return False
+        self._padded -= 1
+        return True
 
     def _max_runs(self):
         """The most runs (rows of one shard) a window can hold: its blocks, cut at the shards' starts."""
@@ -152,9 +165,7 @@ class WindowReads:
             return None
         try:
             for window in used:
-                window.done.wait()
-                if window.error is not None:
-                    raise window.error
+                self._wait_read(window)
         except BaseException:
             self._slots.release(used)
             raise
@@ -162,24 +173,36 @@ class WindowReads:
                                       partial(self.store.expand_parts, self.store.index.shard_of(indices), indices),
                                       partial(self._slots.release, used))
 
+    def _wait_read(self, window):
+        """Wait until ``window`` is read into its slot; raise what failed there."""
+        window.done.wait()
+        if window.error is not None:
+            raise window.error
+
+    def _make_memory(self, rows):
+        """Return ``(memory, labels)`` of ``rows`` view rows: page-aligned bytes (pages made as read), int64 labels."""
+        memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        _WITH_MEMORY.add(self)  # see NOTE [windows after fork]
+        return memory, np.zeros(rows, np.int64)
+
     def _start(self):
         """Make this process's slots, views and threads (a forked child makes its own)."""
         self._pid = os.getpid()
         rows = SLOTS * self.slot_rows + 1
-        self._memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment,  # page-aligned; pages made as read
-                                 flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        _WITH_MEMORY.add(self)  # see NOTE [windows after fork]
+        self._memory, self.labels = self._make_memory(rows)
         step = int(np.gcd(self.row_bytes, self.alignment))
         usual = self.store.usual_remainder(step)  # view row 0's byte: see NOTE [window reads]
         self._base = self._column_offsets(0)[0] % step if usual is None else usual
         self.view = np.ndarray((rows, *self.row_shape), self.dtype, buffer=self._memory, offset=self._base)
-        self.labels = np.zeros(rows, np.int64)
         self._label_base = self.labels.ctypes.data
-        self._slots = WindowSlots()
+        self._slots = self._make_slots()
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-window")
         threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
                          name="fastdata-windows").start()
         self._stop = weakref.finalize(self, _stop, self._slots, self._pool)
+
+    def _make_slots(self):
+        return WindowSlots()
 
     def close(self):
         """End this process's placing thread, and its read threads once the reads queued are done.
@@ -204,6 +227,7 @@ class WindowReads:
         """Lay out window ``key`` (``(epoch, window)``) in ``slot`` and queue its reads, a task per shard."""
         window = Window(key)
         try:
+            self._claim(slot, key)
             window.set_runs(self._lay_out(self._runs(self.order.window_ranges(*key)), slot))
         except Exception as exc:  # held no sample: its batches are read from the files, and meet the problem there
             window.fail(exc)
@@ -213,13 +237,28 @@ class WindowReads:
         self._slots.put(slot, window)
         shards = window.runs["shard"]
         groups = np.split(np.arange(len(shards)), np.flatnonzero(np.diff(shards)) + 1) if len(shards) else []
+        groups = self._mine(groups, key)
         window.expect(len(groups))
+        if not groups:
+            self._read_done(slot, window)
         for group in groups:
             try:
-                self._pool.submit(self._read_shard, window, group)
+                self._pool.submit(self._read_shard, slot, window, group)
             except RuntimeError as exc:  # closed while placing: the window fails whole, no batch waits on it
                 window.fail(exc)
-                window.finish_one()
+                if window.finish_one():
+                    self._read_done(slot, window)
+
+    def _claim(self, slot, key):
+        """Take ``slot`` for window ``key`` before it is laid out (here: it is this process's alone)."""
+
+    def _mine(self, groups, key):
+        """Return the groups of runs (one shard's each) of window ``key`` that this process reads: all of them."""
+        return groups
+
+    def _read_done(self, slot, window):
+        """Be told this process's reads of ``window`` (in ``slot``) are done: its slot may be free now."""
+        self._slots.notify()
 
     def _runs(self, ranges):
         """Return int64 ``[K, 3]`` (shard, start, stop) of sorted sample ``ranges``, cut at shard starts, merged."""
@@ -261,7 +300,7 @@ class WindowReads:
             raise RuntimeError(f"a window of {len(runs)} runs does not fit its slot of {self.slot_rows} rows")
         return out
 
-    def _read_shard(self, window, group):
+    def _read_shard(self, slot, window, group):
         """Read the runs ``group`` of ``window`` (one shard's, in file order) into their places; record a failure."""
         try:
             runs = window.runs[group]
@@ -287,8 +326,8 @@ class WindowReads:
         except BaseException as exc:
             window.fail(exc)
         finally:
-            if window.finish_one():  # its slot may be free now
-                self._slots.notify()
+            if window.finish_one():
+                self._read_done(slot, window)
 
     def _read_run(self, path, direct, plain, memory, start, stop, row, file_offset, length, place, labels_at, shift):
         """Read one run's samples (``direct``) and labels (``plain``) into the view and labels of this process.
@@ -333,6 +372,8 @@ class WindowAhead:
     def advance(self, step: int) -> None:
         """Note that ``step``'s indices were just produced: want its window and the next, if it entered one."""
         start, stop = self.order.step_positions(step, self.rank, self.world_size)
+        if stop > self.order.num_samples:
+            self.reads.expect_padded()
         if start >= stop:
             return
         window = self.order.window_of(self._epoch, start)

@@ -81,14 +81,19 @@ class WindowSlots:
         """
         with self.condition:
             while not self.stopped:
-                free = self._free()
-                if self.queue and free:
-                    self.windows[free[0]] = Window(self.queue[0])  # taken: being placed
-                    return free[0], self.queue.pop(0)
+                slot = self._slot_for(self.queue[0]) if self.queue else None
+                if slot is not None:
+                    self.windows[slot] = Window(self.queue[0])  # taken: being placed
+                    return slot, self.queue.pop(0)
                 if not wait:
                     return None
                 self.condition.wait()
             return None
+
+    def _slot_for(self, key):
+        """The slot window ``key`` can be placed in now, or None (under the condition): here, any free one."""
+        free = self._free()
+        return free[0] if free else None
 
     def _free(self):
         """The slots that hold no window, or one not wanted with no batch and no read in it (under the condition)."""
@@ -124,7 +129,7 @@ class WindowSlots:
                         window.leases += 1
                     return rows, used
                 placing = any(window is not None and not window.placed for window in self.windows)
-                if self.stopped or not (placing or (self.queue and self._free())):
+                if self.stopped or not (placing or (self.queue and self._slot_for(self.queue[0]) is not None)):
                     return None, []
                 self.condition.wait()
 

@@ -24,7 +24,9 @@ the end, where a rank that ended sooner waits. Writes
 and per epoch per step the labels this rank got and the global batch size
 the reduce summed, and ``readahead`` (the type, rank and world size of
 the loader's read-ahead at the end and whether it follows the sampler's
-order, or null); a run refused with a FastdataError gives ``error`` (its
+order, or null), ``read_paths`` (the dataset's, at the end), ``warnings``
+(the FastPathWarnings the run gave) and per step, with ``sums`` in the
+run, ``sum`` (of the batch's image bytes); a run refused with a FastdataError gives ``error`` (its
 message) and ``seconds`` (from the run's start) instead, and the next run
 goes on in the same group.
 """
@@ -36,13 +38,14 @@ import os
 import signal
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from fastdata import make_loader, open_dataset
-from fastdata.errors import FastdataError
+from fastdata.errors import FastdataError, FastPathWarning
 from fastdata.loading.samplers import BucketBatchSampler
 from fastdata.reading import shuffles
 from fastdata.reading.shuffles import choose_shuffle
@@ -70,7 +73,10 @@ def run(dataset, spec, loader=None):
     """Iterate one loader (``loader``, or one made now) as ``spec`` says; return what the parent checks."""
     start = time.monotonic()
     try:
-        return iterate(dataset, spec, loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", FastPathWarning)
+            result = iterate(dataset, spec, loader)
+        return {**result, "warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)]}
     except FastdataError as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
 
@@ -92,6 +98,8 @@ def iterate(dataset, spec, loader=None):
             if spec.get("reduce", True):
                 dist.all_reduce(size)
             steps.append({"labels": labels.tolist(), "global": int(size)})
+            if spec.get("sums"):
+                steps[-1]["sum"] = int(batch[0].numpy().sum(dtype=np.int64))
             if spec.get("announce") == dist.get_rank():
                 print(f"step {len(steps)}", flush=True)
             time.sleep(spec.get("sleep", 0))
@@ -102,7 +110,8 @@ def iterate(dataset, spec, loader=None):
         if state is not None:
             break
     result = {"len": len(loader), "epochs": epochs, "state": state or loader.state_dict(),
-              "alone": choose_shuffle(dataset)[0], "readahead": readahead_of(loader)}
+              "alone": choose_shuffle(dataset)[0], "readahead": readahead_of(loader),
+              "read_paths": dataset.read_paths()}
     if hasattr(loader, "close"):
         loader.close()
     return result

@@ -309,9 +309,54 @@ def test_a_loader_made_before_its_group_reads_ahead_in_its_ranks_order(labeled_f
     results = spawn(path, 2, runs, tmp_path)
     for run, shuffle in enumerate(("uniform", "block")):
         for rank, result in enumerate(results):
-            assert result[run]["readahead"] == {"type": "ReadAhead", "rank": rank, "world_size": 2, "follows": True}
+            kind = "SharedWindowAhead" if shuffle == "block" else "ReadAhead"  # NOTE [shared windows]
+            assert result[run]["readahead"] == {"type": kind, "rank": rank, "world_size": 2, "follows": True}
         epochs = global_epochs(results, run, sample_lookup(path))
         assert epochs == reference_epochs(path, results[0][run]["state"], 1), shuffle
+
+
+@pytest.fixture(scope="module")
+def converted_labels(tmp_path_factory):
+    """A shard folder ``fastdata convert`` wrote from PRIME varied photos, one per class, 16 px raw, 9 a shard."""
+    from fastdata import convert_imagefolder
+    from fastdata.measure.synthetic import make_imagefolder
+
+    work = tmp_path_factory.mktemp("converted")
+    source = make_imagefolder(work / "photos", PRIME, 1, size=(40, 30), seed=4, vary=True)
+    convert_imagefolder(source, work / "raw", size=16, storage="raw", shard_size=9 * 16 * 16 * 3, workers=1,
+                        progress=False)
+    return work / "raw"
+
+
+def shared_files():
+    return set(glob.glob("/dev/shm/fastdata-windows-*"))
+
+
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(converted_labels, tmp_path,
+                                                                              world_size):
+    # NOTE [shared windows] in reading/sharedwindows.py: every rank's batches come from the windows its
+    # machine's ranks read together, equal to the files', and the padded step of each epoch from the files
+    path, epochs = converted_labels, 3
+    dataset, before = open_dataset(path), shared_files()
+    options = {"shuffle": "block", "seed": 9, "block_size": 24, "window": 2}  # 3 windows an epoch: slots alternate
+    runs = [run_spec(GLOBAL_BATCH // world_size, options, epochs, available_memory=dataset.nbytes // 2, sleep=0.002,
+                     sums=True)]
+    results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
+    assert global_epochs(results, 0, lookup) == reference_epochs(path, results[0][0]["state"], epochs)
+    images = dataset.read_batch(np.arange(len(dataset)))[0].numpy()
+    sums = images.reshape(len(dataset), -1).sum(axis=1, dtype=np.int64)
+    for rank, result in enumerate(results):
+        run = result[0]
+        assert run["readahead"] == {"type": "SharedWindowAhead", "rank": rank, "world_size": world_size,
+                                    "follows": True}
+        steps = [step for epoch in run["epochs"] for step in epoch]
+        assert [step["sum"] for step in steps] == [int(sums[lookup[step["labels"]]].sum()) for step in steps]
+        last_stop = PRIME // GLOBAL_BATCH * GLOBAL_BATCH + (rank + 1) * GLOBAL_BATCH // world_size
+        padded = epochs if last_stop > PRIME else 0  # a share of the last step that wraps to the epoch's start
+        assert run["read_paths"]["windows"] >= len(steps) - padded, run["read_paths"]
+        assert run["warnings"] == []
+    assert shared_files() <= before  # unlinked once every rank had it open
 
 
 @pytest.mark.slow
