@@ -122,9 +122,9 @@ class SharedWindowReads(WindowReads):
     def _claim(self, slot, key):
         mark, taken = self.sequence(key) + 1, self.shared.taken[slot]
         taken[self.shared.rank] = mark
-        self._wait(lambda: bool((taken == mark).all()),
-                   lambda: f"ranks {np.flatnonzero(taken != mark).tolist()} of this machine did not take the slot "
-                           f"of window {key}", stops=True)
+        return self._wait(lambda: bool((taken == mark).all()),
+                          lambda: f"ranks {np.flatnonzero(taken != mark).tolist()} of this machine did not take the "
+                                  f"slot of window {key}", stops=True)
 
     def _mine(self, groups, key):
         first = self.sequence(key)
@@ -149,16 +149,17 @@ class SharedWindowReads(WindowReads):
                               f"{window.key} of {self.store.index.root!r}; its own error says why")
 
     def _wait(self, done, why, stops=False):
-        """Poll ``done`` until true; raise TimeoutError (``why()``) past PEER_SECONDS, RuntimeError once closed
-        (``stops``)."""
+        """Poll ``done`` until true and return True; False once closed (``stops``); raise TimeoutError
+        (``why()``) past PEER_SECONDS."""
         deadline, pause = time.monotonic() + PEER_SECONDS, POLL_SECONDS[0]
         while not done():
             if stops and self._slots.stopped:
-                raise RuntimeError("the window reads were closed")
+                return False
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{why()} within {PEER_SECONDS:.0f} s (NOTE [shared windows])")
             time.sleep(pause)
             pause = min(2 * pause, POLL_SECONDS[1])
+        return True
 
     def close(self):
         """As WindowReads.close, and wait for this rank's reads under way: none lands in a slot after it."""

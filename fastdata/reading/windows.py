@@ -227,7 +227,8 @@ class WindowReads:
         """Lay out window ``key`` (``(epoch, window)``) in ``slot`` and queue its reads, a task per shard."""
         window = Window(key)
         try:
-            self._claim(slot, key)
+            if not self._claim(slot, key):  # closed meanwhile: nothing waits for this window
+                return
             window.set_runs(self._lay_out(self._runs(self.order.window_ranges(*key)), slot))
         except Exception as exc:  # held no sample: its batches are read from the files, and meet the problem there
             window.fail(exc)
@@ -250,7 +251,9 @@ class WindowReads:
                     self._read_done(slot, window)
 
     def _claim(self, slot, key):
-        """Take ``slot`` for window ``key`` before it is laid out (here: it is this process's alone)."""
+        """Take ``slot`` for window ``key`` before it is laid out; return False where closed meanwhile (here the
+        slot is this process's alone: True)."""
+        return True
 
     def _mine(self, groups, key):
         """Return the groups of runs (one shard's each) of window ``key`` that this process reads: all of them."""

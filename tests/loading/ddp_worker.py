@@ -9,7 +9,8 @@ the group is up) and ``runs``, each a dict of ``batch_size``, ``options``
 rank), ``early`` (the loader is made before the process group exists:
 NOTE [late rank] in samplers.py), ``available_memory`` (bytes: what
 make_loader sees free, as on a machine whose page cache holds less than
-the dataset), ``state`` (loaded before the first epoch), ``stop`` (``[epoch,
+the dataset), ``shared_folder`` (where shared windows are made), ``state``
+(loaded before the first epoch), ``stop`` (``[epoch,
 steps]``: take the state after that many batches of that epoch, then end
 the run), ``sleep`` (seconds per step), ``announce`` (the rank that
 prints each step), ``reduce`` (false: no collective per step) and ``ranks``
@@ -47,7 +48,7 @@ import torch.distributed as dist
 from fastdata import make_loader, open_dataset
 from fastdata.errors import FastdataError, FastPathWarning
 from fastdata.loading.samplers import BucketBatchSampler
-from fastdata.reading import shuffles
+from fastdata.reading import sharedwindows, shuffles
 from fastdata.reading.shuffles import choose_shuffle
 
 
@@ -55,6 +56,8 @@ def make_rank_loader(dataset, spec):
     """Return the loader ``spec`` asks for: make_loader's own sampler, or a BucketBatchSampler of this rank."""
     if spec.get("available_memory") is not None:
         shuffles.available_memory = lambda: (spec["available_memory"], "test")
+    if spec.get("shared_folder") is not None:  # where the ranks' shared windows are made (NOTE [shared windows])
+        sharedwindows.SHARED_FOLDER = spec["shared_folder"]
     if spec.get("bucket") is None:
         return make_loader(dataset, spec["batch_size"], **spec["options"])
     keywords = {key: value for key, value in spec["bucket"].items() if key != "lengths"}

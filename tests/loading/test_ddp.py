@@ -332,6 +332,9 @@ def shared_files():
     return set(glob.glob("/dev/shm/fastdata-windows-*"))
 
 
+SHARED = {"shuffle": "block", "seed": 9, "block_size": 24, "window": 2}  # 3 windows an epoch: the slots alternate
+
+
 @pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(converted_labels, tmp_path,
                                                                               world_size):
@@ -339,8 +342,7 @@ def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(con
     # machine's ranks read together, equal to the files', and the padded step of each epoch from the files
     path, epochs = converted_labels, 3
     dataset, before = open_dataset(path), shared_files()
-    options = {"shuffle": "block", "seed": 9, "block_size": 24, "window": 2}  # 3 windows an epoch: slots alternate
-    runs = [run_spec(GLOBAL_BATCH // world_size, options, epochs, available_memory=dataset.nbytes // 2, sleep=0.002,
+    runs = [run_spec(GLOBAL_BATCH // world_size, SHARED, epochs, available_memory=dataset.nbytes // 2, sleep=0.002,
                      sums=True)]
     results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
     assert global_epochs(results, 0, lookup) == reference_epochs(path, results[0][0]["state"], epochs)
@@ -357,6 +359,34 @@ def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(con
         assert run["read_paths"]["windows"] >= len(steps) - padded, run["read_paths"]
         assert run["warnings"] == []
     assert shared_files() <= before  # unlinked once every rank had it open
+
+
+def test_ranks_that_cannot_make_their_shared_file_say_so_and_read_the_same_batches(converted_labels, tmp_path):
+    path, lookup = converted_labels, sample_lookup(converted_labels)
+    missing = tmp_path / "no-such-folder"
+    run = run_spec(GLOBAL_BATCH // 2, SHARED, 1, available_memory=open_dataset(path).nbytes // 2,
+                   shared_folder=os.fspath(missing))
+    results = spawn(path, 2, [run], tmp_path / "group")
+    assert global_epochs(results, 0, lookup) == reference_epochs(path, results[0][0]["state"], 1)
+    for result in results:
+        assert result[0]["readahead"]["type"] == "ReadAhead"
+        [warned] = result[0]["warnings"]
+        assert "could not be made or opened" in warned and str(missing) in warned and "rank 0" in warned
+
+
+def test_ranks_sharing_windows_resume_mid_epoch_on_another_number_of_ranks(converted_labels, tmp_path):
+    path, lookup = converted_labels, sample_lookup(converted_labels)
+    memory = open_dataset(path).nbytes // 2
+    first = spawn(path, 2, [run_spec(GLOBAL_BATCH // 2, SHARED, 2, stop=STOP, available_memory=memory)],
+                  tmp_path / "before")
+    state = first[0][0]["state"]
+    second = spawn(path, 3, [run_spec(GLOBAL_BATCH // 3, SHARED, 2, state=state, available_memory=memory)],
+                   tmp_path / "after")
+    uninterrupted = reference_epochs(path, state, 3)
+    assert global_epochs(first, 0, lookup)[1] == uninterrupted[1][: STOP[1]]
+    assert global_epochs(second, 0, lookup) == [uninterrupted[1][STOP[1] :], uninterrupted[2]]
+    for result in (*first, *second):
+        assert result[0]["readahead"]["type"] == "SharedWindowAhead" and result[0]["warnings"] == []
 
 
 @pytest.mark.slow
