@@ -50,10 +50,11 @@ FULL = {"scale_raw_images": 400_000, "scale_jpeg_images": 280_000, "scale_classe
         "scale_ddp_images": 2999, "scale_ddp_shard_bytes": 8 << 20, "scale_cache_limit": 1536 << 20,
         "scale_seconds": 15.0, "scale_order_samples": (10**7, 10**8),
         "scale_world_sizes": ((1, 0), (2, 0), (3, 0), (4, 0), (1, 2), (3, 1)), "scale_epochs": 3}
+# QUICK's cgroup holds the 2-rank row's processes (torch and gloo: ~300 MB each; 512 MB killed one)
 QUICK = {"scale_raw_images": 1200, "scale_jpeg_images": 600, "scale_classes": 50, "scale_distinct": 61,
          "scale_shard_bytes": 2 << 20, "scale_folders": (*FULL["scale_folders"], ("jpeg", "arrow")),
          "scale_ddp_images": 61,
-         "scale_ddp_shard_bytes": 256 << 10, "scale_cache_limit": 512 << 20, "scale_seconds": 1.0,
+         "scale_ddp_shard_bytes": 256 << 10, "scale_cache_limit": 1 << 30, "scale_seconds": 1.0,
          "scale_order_samples": (10**5, 10**6), "scale_world_sizes": ((1, 0), (2, 0)), "scale_epochs": 2}
 SIZES = {"raw": 64, "jpeg": 224}  # pixels a side per storage
 BATCH = 256
@@ -373,7 +374,8 @@ def measure_ranks(args):
     seconds = max(rank["seconds"] for rank in ranks)
     sample_bytes = sum(rank["all_samples"] for rank in ranks) * args["sample_bytes"]
     paths = {name: sum(rank["read_paths"][name] for rank in ranks) for name in ranks[0]["read_paths"]}
-    return {"drop": drop, "samples": count, "seconds": seconds, "samples_per_s": count / seconds,
+    return {"drop": drop, "samples": count, "batches": sum(rank["batches"] for rank in ranks), "seconds": seconds,
+            "samples_per_s": count / seconds,
             "first_batch_seconds": max(rank["first"] for rank in ranks),
             "disk_bytes": disk, "process_bytes": sum(rank["process_bytes"] for rank in ranks),
             "amplification": sum(rank["process_bytes"] for rank in ranks) / sample_bytes,
@@ -422,7 +424,7 @@ def ranks_rank(rank, args, port, out):
         close_loader(loader)
     order = loader.sampler.describe()
     order["windows_read_whole"] = readahead in ("WindowAhead", "SharedWindowAhead")
-    mine = {"samples": count - first_count, "all_samples": count, "seconds": seconds - first, "first": first,
+    mine = {"samples": count - first_count, "all_samples": count, "batches": len(mixes), "seconds": seconds - first, "first": first,
             "process_bytes": read, "classes_per_batch": float(np.mean(mixes)), "order": order,
             "read_paths": dataset.read_paths(), "readahead": readahead,
             "fast_path_warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)]}
