@@ -424,7 +424,8 @@ def ranks_rank(rank, args, port, out):
         close_loader(loader)
     order = loader.sampler.describe()
     order["windows_read_whole"] = readahead in ("WindowAhead", "SharedWindowAhead")
-    mine = {"samples": count - first_count, "all_samples": count, "batches": len(mixes), "seconds": seconds - first, "first": first,
+    mine = {"samples": count - first_count, "all_samples": count, "batches": len(mixes), "seconds": seconds - first,
+            "first": first,
             "process_bytes": read, "classes_per_batch": float(np.mean(mixes)), "order": order,
             "read_paths": dataset.read_paths(), "readahead": readahead,
             "fast_path_warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)]}
