@@ -351,7 +351,7 @@ class WindowReads:
 
     def __getstate__(self):  # another process makes its own slots and threads
         keep = ("store", "order", "alignment", "row_shape", "dtype", "row_bytes", "_offsets", "slot_rows")
-        return {**{key: self.__dict__[key] for key in keep}, "_pid": None}
+        return {**{key: self.__dict__[key] for key in keep}, "_pid": None, "_padded": 0}
 
 
 class WindowAhead:
