@@ -8,6 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
+from fastdata.reading.shuffles import CACHE_SHARE
+
 NUM_CLASSES = 4
 PER_CLASS = 6
 SOURCE_SIZE = (120, 90)  # (width, height) the source images vary around
@@ -18,6 +20,12 @@ STORAGES = ("raw", "jpeg")
 KINDS = ("raw", "jpeg", "text")  # what a packed file holds: raw or JPEG images, or tokens
 TEXT_PER_CLASS = 12  # reviews per class in the text corpus fixture
 TEXT_NUM_UNSUP = 4
+
+
+def memory_short_of(nbytes):
+    """The memory available to pretend for data of ``nbytes`` bytes: just too little for them to stay in the page
+    cache (NOTE [auto shuffle] in shuffles.py), room for windows that hold up to ``nbytes`` (NOTE [window room])."""
+    return int(nbytes / CACHE_SHARE) - 1
 
 
 def folder_listing(folder):

@@ -30,18 +30,20 @@ row, are not read (they would need padding a loss must know to skip).
 import dataclasses
 import hashlib
 import json
+import warnings
 
 import numpy as np
 import torch
 
 from fastdata.codecs.tokenizers import Tokenizer, eod_id
-from fastdata.errors import OptionError
+from fastdata.errors import FastPathWarning, OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
 from fastdata.loading.records import RecordDataset
 from fastdata.loading.sequencewindows import HOLD_SHARE, SequenceWindows, WholeStream
 from fastdata.reading.packing import best_fit_rows, counted
 from fastdata.reading.shuffles import available_memory
+from fastdata.reading.windows import window_room
 
 IGNORE_INDEX = -100  # a label no loss counts: torch's cross_entropy ignore_index
 GROUP_BYTES = 4 << 20  # bytes of batches read as one; see NOTE [grouped sequences]
@@ -120,11 +122,18 @@ class TokenSequences:
 
     def read_windows(self, order):
         """Cut concat rows from ``order``'s windows read whole from now on; return the SequenceWindows, or None
-        where they do not apply (another packing, a URL, an order that is not "block").
+        where they do not apply (another packing, a URL, an order that is not "block"; windows too big for the
+        memory available, warned: NOTE [window room] in reading/windows.py).
 
         See NOTE [sequence windows] in sequencewindows.py; for one process reading alone.
         """
         if self.packing != "concat" or self.is_remote or order.shuffle != "block":
+            return None
+        why = window_room(SequenceWindows.held_bytes(self, order), order)
+        if why is not None:
+            warnings.warn(f"the block order's windows of {self.dataset.path!r} are not read whole: {why}. Its rows "
+                          "are read through the memory map with kernel hints (0.07 of the disk's rate measured, "
+                          "against 0.75; NOTE [sequence windows])", FastPathWarning, stacklevel=3)
             return None
         self._windows = SequenceWindows(self, order)
         return self._windows

@@ -127,6 +127,13 @@ class SequenceWindows:
         self._spare = None  # the memory of the window let go last: the next window is read into it (no new pages)
         self.misses = 0  # batches asked for outside the windows held (read through the map instead)
 
+    @staticmethod
+    def held_bytes(sequences, order):
+        """The bytes of memory the windows of ``order`` over ``sequences`` hold, about: two windows and the spare
+        one read into, each of a window's share of the stream's ids (SPARE_ROOM more)."""
+        ids = int(sequences._stream()[0][-1])
+        return int(3 * SPARE_ROOM * sequences.dtype.itemsize * ids * min(1.0, order.window / order.num_blocks))
+
     # ------------------------------------------------------------ ReadsAhead
 
     def batches_per_read(self, batch_size):

@@ -93,6 +93,11 @@ class SharedWindowReads(WindowReads):
         rows = SLOTS * self.slot_rows + 1
         return rows * self.row_bytes + self.alignment, rows
 
+    def held_bytes(self):
+        """The bytes of the rows' memory and labels: the machine's file takes them all at once (fallocated)."""
+        sample_bytes, rows = self.memory_bytes()
+        return sample_bytes + 8 * rows
+
     def attach(self, shared):
         """Read into ``shared`` (a SharedMemory) from this process on."""
         self.shared, self._owner = shared, os.getpid()

@@ -61,6 +61,7 @@ from functools import partial
 import numpy as np
 
 from fastdata.errors import FormatError
+from fastdata.reading import shuffles
 from fastdata.reading.parts import Parts
 from fastdata.reading.readpaths import BY_SHARD
 from fastdata.reading.windowslots import RUN, SLOTS, Window, WindowSlots
@@ -125,8 +126,9 @@ class WindowReads:
         """Return ``(WindowReads, None)`` of a local ``store`` of fixed-size rows under ``order``, or ``(None, why)``.
 
         ``why`` says what stands in the way: an order that is not "block", a
-        disk without direct I/O, or rows whose aligned places would take over
-        MAX_SLACK unused rows.
+        disk without direct I/O, rows whose aligned places would take over
+        MAX_SLACK unused rows, or windows too big for the memory available
+        (NOTE [window room]).
         """
         if order.shuffle != "block" or store.is_remote:
             return None, "only a block order of local files is read in windows"
@@ -140,7 +142,12 @@ class WindowReads:
             return None, (f"rows of {reads.row_bytes} bytes in windows of {order.window} blocks of {order.block_size} "
                           f"would leave more than {MAX_SLACK:.0%} of a window's memory unused at {alignment}-byte "
                           "alignment; pass a larger block_size or window")
-        return reads, None
+        why = window_room(reads.held_bytes(), order)
+        return (reads, None) if why is None else (None, why)
+
+    def held_bytes(self):
+        """The most bytes of memory this process's windows hold: SLOTS windows' rows (their pages made as read)."""
+        return SLOTS * min(self.order.window * self.order.block_size, self.order.num_samples) * self.row_bytes
 
     def want(self, keys):
         """Keep the windows ``keys`` (``(epoch, window)``, the one read now first) and read those not read yet.
@@ -494,6 +501,26 @@ def direct_buffer(size):
     array = np.frombuffer(memory, np.uint8)
     first = -array.ctypes.data % HUGE_PAGE
     return array[first : first + size]
+
+
+def window_room(held, order):
+    """Return why windows holding ``held`` bytes of memory would not fit in this process's room, or None.
+
+    NOTE [window room]: windows take the memory the page cache would give
+    the dataset's pages, as anonymous or shared pages that are not reclaimed:
+    one process reading 2 windows of 256 MiB in a 512 MB memory cgroup was
+    killed by the kernel (benchmarks/results/tmp/ranks/probe.py, 64 px raw),
+    where the kernel hints read at 0.05 of the disk but read. So windows are
+    read only where they hold at most CACHE_SHARE of the memory available
+    (shuffles.available_memory: the system's or its cgroup's), the share the
+    auto shuffle leaves the dataset (NOTE [auto shuffle] in shuffles.py).
+    """
+    room, where = shuffles.available_memory()
+    if held <= shuffles.CACHE_SHARE * room:
+        return None
+    return (f"its windows ({order.window} blocks of {order.block_size} samples, {SLOTS} held) would hold "
+            f"{held / 1e6:,.1f} MB, more than {shuffles.CACHE_SHARE:.0%} of the {room / 1e6:,.1f} MB of memory "
+            f"available ({where}; NOTE [window room]); pass a smaller window or block_size")
 
 
 def direct_alignment(path):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import wait_for
+from support import memory_short_of, wait_for
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
@@ -187,8 +187,8 @@ def test_a_loop_over_data_bigger_than_memory_takes_the_block_orders_windows_with
     # NOTE [auto helper]: the read-ahead runs where the batches are read, and moves with them at the step they move
     folder = shard_converted("hdf5", "raw")
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
-    options = {"shuffle": True, "block_size": 6, "window": 5, "seed": 6}
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
+    options = {"shuffle": True, "block_size": 5, "window": 2, "seed": 6}
     reference = make_loader(open_dataset(folder), 2, **options)
     expected = [[tuple(t.clone() for t in b) for b in reference] for _ in range(6)]  # six epochs' orders
     with make_loader(dataset, 2, **options) as loader:

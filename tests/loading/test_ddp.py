@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import free_port
+from support import free_port, memory_short_of
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
@@ -299,22 +299,6 @@ def test_every_world_size_and_worker_count_reads_the_same_global_batches(labeled
                        for rank in epoch), f"{name}: some rank read a short batch"
 
 
-def test_a_loader_made_before_its_group_reads_ahead_in_its_ranks_order(labeled_files, tmp_path):
-    # NOTE [late rank] in samplers.py and NOTE [one read-ahead] in state.py: bound to the group at its first
-    # epoch, the loader's read-ahead is made again for its rank's share of the global batches
-    path = labeled_files(PRIME, sharded=True)
-    memory = open_dataset(path).nbytes // 2  # the dataset does not stay cached: a read-ahead pays
-    runs = [run_spec(GLOBAL_BATCH // 2, {"shuffle": shuffle, "seed": 5}, 1, early=True, available_memory=memory)
-            for shuffle in ("uniform", "block")]
-    results = spawn(path, 2, runs, tmp_path)
-    for run, shuffle in enumerate(("uniform", "block")):
-        for rank, result in enumerate(results):
-            kind = "SharedWindowAhead" if shuffle == "block" else "ReadAhead"  # NOTE [shared windows]
-            assert result[run]["readahead"] == {"type": kind, "rank": rank, "world_size": 2, "follows": True}
-        epochs = global_epochs(results, run, sample_lookup(path))
-        assert epochs == reference_epochs(path, results[0][run]["state"], 1), shuffle
-
-
 @pytest.fixture(scope="module")
 def converted_labels(tmp_path_factory):
     """A shard folder ``fastdata convert`` wrote from PRIME varied photos, one per class, 16 px raw, 9 a shard."""
@@ -335,6 +319,22 @@ def shared_files():
 SHARED = {"shuffle": "block", "seed": 9, "block_size": 24, "window": 2}  # 3 windows an epoch: the slots alternate
 
 
+def test_a_loader_made_before_its_group_reads_ahead_in_its_ranks_order(converted_labels, tmp_path):
+    # NOTE [late rank] in samplers.py and NOTE [one read-ahead] in state.py: bound to the group at its first
+    # epoch, the loader's read-ahead is made again for its rank's share of the global batches
+    path = converted_labels
+    memory = memory_short_of(open_dataset(path).nbytes)  # the dataset does not stay cached: a read-ahead pays
+    runs = [run_spec(GLOBAL_BATCH // 2, {**SHARED, "shuffle": shuffle}, 1, early=True, available_memory=memory)
+            for shuffle in ("uniform", "block")]  # windows that fit in that memory (NOTE [window room])
+    results = spawn(path, 2, runs, tmp_path)
+    for run, shuffle in enumerate(("uniform", "block")):
+        for rank, result in enumerate(results):
+            kind = "SharedWindowAhead" if shuffle == "block" else "ReadAhead"  # NOTE [shared windows]
+            assert result[run]["readahead"] == {"type": kind, "rank": rank, "world_size": 2, "follows": True}
+        epochs = global_epochs(results, run, sample_lookup(path))
+        assert epochs == reference_epochs(path, results[0][run]["state"], 1), shuffle
+
+
 @pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(converted_labels, tmp_path,
                                                                               world_size):
@@ -342,8 +342,8 @@ def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(con
     # machine's ranks read together, equal to the files', and the padded step of each epoch from the files
     path, epochs = converted_labels, 3
     dataset, before = open_dataset(path), shared_files()
-    runs = [run_spec(GLOBAL_BATCH // world_size, SHARED, epochs, available_memory=dataset.nbytes // 2, sleep=0.002,
-                     sums=True)]
+    runs = [run_spec(GLOBAL_BATCH // world_size, SHARED, epochs, available_memory=memory_short_of(dataset.nbytes),
+                     sleep=0.002, sums=True)]
     results, lookup = spawn(path, world_size, runs, tmp_path), sample_lookup(path)
     assert global_epochs(results, 0, lookup) == reference_epochs(path, results[0][0]["state"], epochs)
     images = dataset.read_batch(np.arange(len(dataset)))[0].numpy()
@@ -364,7 +364,7 @@ def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(con
 def test_ranks_that_cannot_make_their_shared_file_say_so_and_read_the_same_batches(converted_labels, tmp_path):
     path, lookup = converted_labels, sample_lookup(converted_labels)
     missing = tmp_path / "no-such-folder"
-    run = run_spec(GLOBAL_BATCH // 2, SHARED, 1, available_memory=open_dataset(path).nbytes // 2,
+    run = run_spec(GLOBAL_BATCH // 2, SHARED, 1, available_memory=memory_short_of(open_dataset(path).nbytes),
                    shared_folder=os.fspath(missing))
     results = spawn(path, 2, [run], tmp_path / "group")
     assert global_epochs(results, 0, lookup) == reference_epochs(path, results[0][0]["state"], 1)
@@ -376,7 +376,7 @@ def test_ranks_that_cannot_make_their_shared_file_say_so_and_read_the_same_batch
 
 def test_ranks_sharing_windows_resume_mid_epoch_on_another_number_of_ranks(converted_labels, tmp_path):
     path, lookup = converted_labels, sample_lookup(converted_labels)
-    memory = open_dataset(path).nbytes // 2
+    memory = memory_short_of(open_dataset(path).nbytes)
     first = spawn(path, 2, [run_spec(GLOBAL_BATCH // 2, SHARED, 2, stop=STOP, available_memory=memory)],
                   tmp_path / "before")
     state = first[0][0]["state"]

@@ -5,6 +5,7 @@ import os
 import threading
 import time
 import warnings
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -19,13 +20,14 @@ from support import (
     PER_CLASS,
     ProbeMixin,
     growth_per_worker,
+    memory_short_of,
     start_methods,
     write_random_png,
 )
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from fastdata import ArrowDataset, HDF5Dataset, convert_imagefolder, make_loader, open_dataset
-from fastdata.errors import OptionError
+from fastdata.errors import FastPathWarning, OptionError
 from fastdata.loading.batchloader import BatchLoader
 from fastdata.loading.samplers import BatchIndexSampler, BucketBatchSampler
 from fastdata.loading.state import Steps
@@ -896,13 +898,18 @@ def test_shuffle_true_reads_in_blocks_with_hints_where_the_dataset_cannot_stay_c
     # see NOTE [auto shuffle] and NOTE [hints past the cache]: shuffles.choose_shuffle decides on available memory
     cached = make_loader(small, 4, shuffle=True)
     assert cached.sampler.shuffle == "uniform" and cached.steps.readahead is None
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (small.nbytes // 2, "test"))
-    loader = make_loader(small, 4, shuffle=True)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(small.nbytes), "test"))
+    raw = small.storage == "raw"
+    with pytest.warns(FastPathWarning, match=r"would hold .* NOTE \[window room\]") if raw else nullcontext():
+        loader = make_loader(small, 4, shuffle=True)  # its default windows hold the samples twice: no room for them
     assert loader.sampler.shuffle == "block"
     assert (loader.sampler.order.block_size, loader.sampler.order.window) == block_settings(small)
-    # one process reading alone: raw rows are read in windows whole (NOTE [window reads]), others get hints
-    expected = WindowAhead if small.storage == "raw" else ReadAhead
-    assert isinstance(loader.steps.readahead, expected) and loader.steps.readahead.order is loader.sampler.order
+    assert isinstance(loader.steps.readahead, ReadAhead) and loader.steps.readahead.order is loader.sampler.order
+    assert sorted(i for batch in loader.steps.batches(0) for i in batch.tolist()) == list(range(NUM_SAMPLES))
+    # one process reading alone: raw rows are read in windows whole (NOTE [window reads]) where they fit, others
+    # get hints
+    loader = make_loader(small, 4, shuffle=True, block_size=2, window=3)
+    assert isinstance(loader.steps.readahead, WindowAhead if raw else ReadAhead)
     assert sorted(i for batch in loader.steps.batches(0) for i in batch.tolist()) == list(range(NUM_SAMPLES))
     assert isinstance(make_loader(small, 4, shuffle="uniform").steps.readahead, ReadAhead)
 

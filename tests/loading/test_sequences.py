@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import run_cli, stored_sequences
+from support import memory_short_of, run_cli, stored_sequences
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.errors import FastPathWarning
@@ -263,7 +263,7 @@ def test_a_corpus_bigger_than_memory_is_read_in_blocks_of_sequences(corpus, monk
     dataset = open_dataset(folder)
     every = [tuple(row) for batch in make_loader(dataset, 5, seq_len=97, eod=eod, packing=packing)
              for row in batch["input_ids"].tolist()]
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     loader = make_loader(dataset, 5, shuffle=True, seed=3, seq_len=97, eod=eod, packing=packing)
     sequences = loader.dataset
     assert loader.sampler.shuffle == "block" and sequences.nbytes == dataset.nbytes
@@ -298,7 +298,7 @@ def test_concat_rows_of_a_corpus_bigger_than_memory_come_from_windows_read_whole
     dataset = open_dataset(folder)
     if not direct:
         monkeypatch.setattr("fastdata.loading.sequencewindows.direct_alignment", lambda path: None)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     options = {"shuffle": "block", "block_size": 4, "window": 3, "seed": 3, "seq_len": 97, "eod": eod,
                "tokens_only": tokens_only}
     loader = make_loader(dataset, batch_size, **options)
@@ -398,6 +398,20 @@ def test_concat_rows_of_a_corpus_that_fits_come_from_its_whole_stream_held(corpu
     assert make_loader(dataset, 3, seq_len=61, eod=eod).steps.readahead is None
 
 
+def test_windows_too_big_for_the_memory_available_are_not_read_and_say_so(corpus, monkeypatch):
+    # NOTE [window room] in reading/windows.py: windows of 12 rows of 97 tokens in a memory of a few of them
+    _, folder, _, eod = corpus
+    dataset = open_dataset(folder)
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (12 * 97, "test"))
+    options = {"shuffle": "block", "block_size": 4, "window": 3, "seed": 3, "seq_len": 97, "eod": eod}
+    with pytest.warns(FastPathWarning, match=r"not read whole: its windows .* would hold .*NOTE \[window room\]"):
+        loader = make_loader(dataset, 5, **options)
+    assert isinstance(loader.steps.readahead, ReadAhead) and loader.dataset._windows is None
+    maps = TokenSequences(open_dataset(folder), 97, eod)
+    for batch, indices in zip(loader, list(loader.sampler.batches(0, 0)), strict=True):
+        assert torch.equal(batch["input_ids"], maps.read_batch(indices)["input_ids"])
+
+
 @pytest.mark.parametrize(("out", "direct"), [("tokens.h5", True), ("tokens.arrow", False), ("h5-shards", False),
                                              ("arrow-shards", True)])
 def test_a_record_tokens_field_bigger_than_memory_is_read_in_windows_whole(corpus, tmp_path, monkeypatch, out,
@@ -479,7 +493,7 @@ def test_the_kernel_hints_of_a_record_tokens_field_cover_the_ids_of_those_rows(c
 def test_best_fit_rows_of_a_corpus_bigger_than_memory_are_read_at_random_and_say_so(corpus, monkeypatch):
     path, _, _, eod = corpus
     dataset = open_dataset(path)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     with pytest.warns(UserWarning, match="best_fit.*at random.*'concat' or 'pad' reads rows in blocks"):
         loader = make_loader(dataset, 5, shuffle=True, seq_len=97, eod=eod, packing="best_fit")
     assert loader.sampler.shuffle == "uniform"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from support import start_methods, wait_for
+from support import memory_short_of, start_methods, wait_for
 
 from fastdata import convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import FastPathWarning, FormatError
@@ -113,7 +113,7 @@ def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_co
 def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders, monkeypatch):
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
     assert isinstance(loader.steps.readahead, WindowAhead)
     for epoch in range(2):
@@ -141,7 +141,7 @@ def test_a_helper_process_reads_the_windows_itself_and_resumes_to_the_same_batch
     # by the training process's cursor; the training process reads none
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     options = {"shuffle": True, "block_size": 6, "window": 5, "seed": 4, "helper_process": True,
                "multiprocessing_context": start_method}
 
@@ -178,7 +178,7 @@ def test_a_helper_process_of_one_rank_of_two_hints_its_own_maps(folders, monkeyp
     # (NOTE [read ahead]), and the helper gives them on the maps it reads: the same batches as read in-process
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     options = {"shuffle": shuffle, "block_size": 6, "window": 5, "seed": 4, "rank": 1, "world_size": 2}
     expected = [tuple(tensor.clone() for tensor in batch) for batch in make_loader(open_dataset(folder), 8, **options)]
     with make_loader(dataset, 8, helper_process=True, **options) as loader:
@@ -192,7 +192,7 @@ def test_a_helper_process_of_one_rank_of_two_hints_its_own_maps(folders, monkeyp
 def test_a_loader_closed_mid_epoch_reads_its_next_epochs_from_windows_again(folders, monkeypatch):
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
     for step, _ in enumerate(loader):  # a loop that breaks, then closes its loader (as a trainer's teardown)
         if step == 3:
@@ -211,7 +211,7 @@ def test_a_loader_closed_mid_epoch_reads_its_next_epochs_from_windows_again(fold
 def test_one_packed_file_reads_its_windows_too(packed_files, monkeypatch):
     path = packed_files("hdf5", "raw")
     dataset = open_dataset(path)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     # prefetch_factor=0: the loop body below (a reference read per batch) is slow enough for the loader to read
     # ahead on a thread, which reads the next epoch's first batch and moves the windows on past the last one.
     loader = make_loader(dataset, 5, shuffle=True, block_size=2, window=4, seed=1, prefetch_factor=0)
@@ -230,7 +230,7 @@ def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders,
     # letting each go while it is still being read: a slot reused then took a late label write (a bug, found so).
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
     with warnings.catch_warnings():  # the batches outside the windows the walk left are read from the files, said so
         warnings.filterwarnings("ignore", "a batch .* lies outside the block order's windows", FastPathWarning)
@@ -242,11 +242,11 @@ def test_windows_let_go_while_read_keep_their_slots_until_the_reads_end(folders,
 
 def test_workers_ranks_and_a_uniform_order_keep_the_hints(folders, monkeypatch):
     dataset = open_dataset(folders[32])
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     for options in ({"num_workers": 1}, {"rank": 0, "world_size": 2}, {"shuffle": "uniform"}):
         loader = make_loader(dataset, 8, **{"shuffle": True, **options})
         assert isinstance(loader.steps.readahead, ReadAhead), options
-    make_loader(dataset, 8, shuffle=True)
+    make_loader(dataset, 8, shuffle=True, block_size=6, window=5)
     assert dataset._store.windows is not None
     assert pickle.loads(pickle.dumps(dataset))._store.windows is None  # a worker reads its files, not our windows
 
@@ -308,10 +308,10 @@ def test_every_batch_of_a_converted_folder_is_read_from_its_windows_without_a_wa
     folder = shard_converted(container, "raw")
     dataset = open_dataset(folder)
     assert {column_offsets(path)[0] % COLUMN_ALIGNMENT for path in dataset.shard_paths} == {0}  # NOTE [aligned columns]
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FastPathWarning)
-        loader = make_loader(dataset, 8, shuffle=True, block_size=10, window=3, seed=2)
+        loader = make_loader(dataset, 8, shuffle=True, block_size=4, window=2, seed=2)  # 3 windows an epoch
         assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, WindowAhead)
         for (images, labels), indices in zip(loader, planned(loader, 0), strict=True):
             expected = reference(folder, indices)
@@ -336,7 +336,7 @@ def test_shards_whose_columns_lie_apart_are_read_from_windows_moved_onto_rows_an
     dataset = open_dataset(unaligned)
     starts = [column_offsets(path)[0] for path in dataset.shard_paths]
     assert len(set(starts)) > 1 and starts[0] != starts[1] and len(set(starts[1:])) == 1  # as the issue found
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", FastPathWarning)
         loader = make_loader(dataset, 6, shuffle=True, block_size=4, window=3, seed=9)
@@ -354,7 +354,7 @@ def test_shards_whose_columns_lie_apart_are_read_from_windows_moved_onto_rows_an
 def test_a_helper_process_says_in_the_training_process_what_could_not_apply(unaligned, monkeypatch, start_method):
     # NOTE [paths read elsewhere]: the helper's fallbacks are warned here, once, and its batches counted here
     dataset = open_dataset(unaligned)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", FastPathWarning)
         with make_loader(dataset, 6, shuffle=True, block_size=4, window=3, seed=9, helper_process=True,
@@ -389,7 +389,7 @@ def test_a_shard_whose_column_lies_apart_is_stitched_from_memory_and_said_once(u
 def test_jpeg_shards_keep_the_hints(shard_converted, monkeypatch):
     dataset = open_dataset(shard_converted("hdf5", "jpeg"))
     assert dataset.read_windows(block_order(dataset, 8, 4, 3)) is None and dataset._store.windows is None
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     loader = make_loader(dataset, 8, shuffle=True)
     assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, ReadAhead)
     assert sorted(i for _, labels in loader for i in labels.tolist()) == sorted(dataset.labels.tolist())
@@ -476,7 +476,7 @@ def test_a_forked_child_drops_the_pages_of_the_windows_it_inherits(folders, monk
     # NOTE [windows after fork]: with MADV_DONTFORK the child crashed once it had mapped memory where they lay
     folder = folders[32]
     dataset = open_dataset(folder)
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (dataset.nbytes // 2, "test"))
+    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
     loader = make_loader(dataset, 16, shuffle=True, block_size=6, window=5, seed=4)
     next(iter(loader))  # this process's windows hold rows now
     reads = loader.steps.readahead.reads
