@@ -655,8 +655,10 @@ def summarize(results):
         rows["ranks"] = next((row for row in done if row["what"] == "ranks"), None)
         name = f"scale {data['size']}px {data['storage']} {data['format']}, {data['bytes'] / 1e9:.1f} GB in a " \
                f"{data.get('limit_bytes', 0) / 1e9:.1f} GB cgroup"
+        if rows.get("block") and data["bytes"] > data.get("limit_bytes", 0):  # its block order reads windows whole
+            targets.append(window_target(name, rows["block"]))
         if data["storage"] == "raw":
-            targets += raw_targets(name, rows, data["bytes"] > data.get("limit_bytes", 0))
+            targets += raw_targets(name, rows)
         cached = {row["shuffle"]: row for row in data.get("cached", []) if "skipped" not in row}
         for shuffle in SHUFFLES:
             if shuffle in rows and shuffle in cached:
@@ -682,16 +684,11 @@ def summarize(results):
     return targets
 
 
-def raw_targets(name, rows, bigger):
-    """Return the 64 px raw targets: windows read, block vs the sequential limit, amplification, uniform, class mix.
-
-    ``bigger``: the data is bigger than the cgroup, so its block order reads windows whole.
-    """
+def raw_targets(name, rows):
+    """Return the 64 px raw targets: block vs the sequential limit, amplification, uniform, class mix."""
     targets = []
     limit = rows.get("limit")  # img/s: the mean of the readings before and after the shuffles
     block, uniform = rows.get("block"), rows.get("uniform")
-    if block and bigger:
-        targets.append(window_target(name, block))
     if block and limit:
         targets.append(_target(f"{name}: block shuffle vs the sequential-read limit",
                                block["samples_per_s"] / limit, TARGETS["block_vs_limit"],
@@ -762,32 +759,32 @@ def text(results):
 
 CACHE_NOTE = (
     "Bigger than the page cache: each row runs in a fresh process inside a cgroup v1 memory group of "
-    "{limit:.2f} GB (memory.limit_in_bytes; the page cache it faults in is charged to it, its RSS too: see NOTE "
-    "[bounded page cache] in fastdata/measure/pagecache.py), the shard files evicted first (posix_fadvise "
-    "DONTNEED, checked by mincore). Every folder is what fastdata convert wrote (convert_imagefolder, 2 "
-    "processes) from an ImageNet-like ImageFolder of {classes:,} classes (hard links to {distinct:,} varied "
-    "photos, each class folder other photos), decoding and resizing every image; sorted by class as an "
-    "ImageFolder converts (NOTE [converted folders] in benchmarks/sections/scale.py). Each row reads for "
-    "{seconds:g} s. limit: the shard files read in order, "
-    "4 MiB per read (img/s = bytes/s over the bytes per sample); random reads: one sample's bytes at a random "
-    "offset per read (img/s = reads/s), after the uniform row (NOTE [random-read limit]). Loader rows: img/s "
-    "from the first batch on, the time to that batch (opening the shards) apart (NOTE [first batch apart]). "
-    "Amplification: bytes the "
-    "process had read from storage (/proc/self/io read_bytes; the loaders read in the process: num_workers=0, "
-    "make_loader's default) over the bytes of the samples delivered (file bytes per sample); in brackets "
-    "the same from /proc/diskstats, the whole device, other processes' reads included. "
-    "Resident after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
-    "memory.max_usage_in_bytes. Block order: a window of raw rows (HDF5 or Arrow) is read whole with O_DIRECT "
-    "into the loader's memory, a task per shard, the next while batches are taken from the current one (NOTE "
-    "[window reads] in fastdata/reading/windows.py); with 2 ranks (gloo, spawned in the cgroup, an all_reduce "
-    "a step, each its share of batches of 256: img/s summed over them, amplification of their processes' "
-    "reads) into memory the ranks share, each reading its share of the window's shards (NOTE [shared "
-    "windows] in fastdata/reading/sharedwindows.py); jpeg rows through the memory map with kernel hints (NOTE "
-    "[window hints] in fastdata/reading/readahead.py). Read paths: the batches the row's process read by each "
-    "path, of all it read (dataset.read_paths(): windows read whole, stitched rows, a take per shard, one "
-    "file), with any FastPathWarning below the table (NOTE [no silent fallbacks] in "
-    "fastdata/reading/readpaths.py). The 224 px jpeg rows are compared with the same loader over the "
-    "same files, read whole into the page cache first, outside the cgroup (NOTE [cached baseline]).")
+    "{limit:.2f} GB (memory.limit_in_bytes; the page cache it faults in is charged to it, its RSS too: see "
+    "NOTE [bounded page cache] in fastdata/measure/pagecache.py), the shard files evicted first "
+    "(posix_fadvise DONTNEED, checked by mincore). Every folder is what fastdata convert wrote "
+    "(convert_imagefolder, 2 processes) from an ImageNet-like ImageFolder of {classes:,} classes (hard links "
+    "to {distinct:,} varied photos, each class folder other photos), decoding and resizing every image; "
+    "sorted by class as an ImageFolder converts (NOTE [converted folders] in benchmarks/sections/scale.py). "
+    "Each row reads for {seconds:g} s. limit: the shard files read in order, 4 MiB per read (img/s = bytes/s "
+    "over the bytes per sample); random reads: one sample's bytes at a random offset per read (img/s = "
+    "reads/s), after the uniform row (NOTE [random-read limit]). Loader rows: img/s from the first batch on, "
+    "the time to that batch (opening the shards) apart (NOTE [first batch apart]). Amplification: bytes the "
+    "process had read from storage (/proc/self/io read_bytes; the loaders read in the process: "
+    "num_workers=0, make_loader's default) over the bytes of the samples delivered (file bytes per sample); "
+    "in brackets the same from /proc/diskstats, the whole device, other processes' reads included. Resident "
+    "after: the fraction of the dataset's pages cached after the row (mincore); cgroup peak: "
+    "memory.max_usage_in_bytes. Block order: a window of raw rows (HDF5 or Arrow) is read whole with "
+    "O_DIRECT into the loader's memory, a task per shard, the next while batches are taken from the current "
+    "one (NOTE [window reads] in fastdata/reading/windows.py), a window of jpeg rows too, each run of a "
+    "shard's rows one read of its bytes (NOTE [ragged windows] in fastdata/reading/raggedwindows.py); with 2 "
+    "ranks (gloo, spawned in the cgroup, an all_reduce a step, each its share of batches of 256: img/s "
+    "summed over them, amplification of their processes' reads) into memory the ranks share, each reading "
+    "its share of the window's shards (NOTE [shared windows] in fastdata/reading/sharedwindows.py). Read "
+    "paths: the batches the row's process read by each path, of all it read (dataset.read_paths(): windows "
+    "read whole, stitched rows, a take per shard, one file), with any FastPathWarning below the table (NOTE "
+    "[no silent fallbacks] in fastdata/reading/readpaths.py). The 224 px jpeg rows are compared with the "
+    "same loader over the same files, read whole into the page cache first, outside the cgroup (NOTE [cached "
+    "baseline]).")
 DDP_NOTE = (
     "DDP: torch.multiprocessing spawn, gloo on 127.0.0.1, global batch {batch} (batch_size {batch} / world "
     "size), shuffle='uniform', remainder='pad', {epochs} epochs over a converted 64 px raw folder of "

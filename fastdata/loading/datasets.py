@@ -50,10 +50,13 @@ from fastdata.loading.huggingface import to_hf
 from fastdata.loading.localranks import share_windows
 from fastdata.loading.records import RecordDataset
 from fastdata.reading.kernel import check_pattern
+from fastdata.reading.raggedwindows import RaggedWindowReads
 from fastdata.reading.remote import open_remote_store
 from fastdata.reading.store import ShardStore
 from fastdata.reading.windows import WindowReads
 from fastdata.storage.urls import is_url, read_remote_index
+
+_WINDOW_READS = {"raw": WindowReads, "jpeg": RaggedWindowReads}  # a block order's windows, by sample storage
 
 
 class PackedDataset(BatchReads, Dataset):
@@ -318,14 +321,15 @@ class PackedDataset(BatchReads, Dataset):
 
         For a block order over data bigger than the page cache, read by one
         process (see NOTE [window reads] in windows.py): local files of raw
-        images (HDF5 or Arrow); None (and no change) elsewhere, with a
+        or JPEG images (HDF5 or Arrow; NOTE [ragged windows] in
+        raggedwindows.py); None (and no change) elsewhere, with a
         FastPathWarning where the files or the disk stand in the way. Tell
         the WindowReads which windows to read (``want``); batches outside
         them are read from the files as before.
         """
-        if self.storage != "raw" or self.is_remote:
+        if self.storage not in _WINDOW_READS or self.is_remote:
             return None
-        reads, why = WindowReads.of(self._store, order)
+        reads, why = _WINDOW_READS[self.storage].of(self._store, order)
         if reads is None:
             self._store.read_paths.fall_back("window", (
                 f"the block order's windows of {self.path!r} are not read whole with direct I/O: {why}. Its batches "

@@ -34,13 +34,14 @@ class Parts(Sequence):
     """
 
     __slots__ = ("_columns", "_indices", "_bounds", "_paths", "_label_bases", "_label_positions", "_expand",
-                 "num_rows", "stitched", "_release")
+                 "num_rows", "stitched", "_release", "_origin")
 
-    def __init__(self, columns, indices, bounds, paths, label_bases=None):
+    def __init__(self, columns, indices, bounds, paths, label_bases=None, origin=None):
         self._columns, self._indices, self._bounds, self._paths = columns, indices, bounds, paths
         self._label_bases, self._label_positions, self._expand = label_bases, None, None
         self.num_rows = bounds[-1]
         self.stitched, self._release = None, None  # see hold()
+        self._origin = origin  # see row_origin
 
     @classmethod
     def of_stitched_rows(cls, view, rows, label_positions, expand, release):
@@ -51,8 +52,19 @@ class Parts(Sequence):
         """
         parts = cls.__new__(cls)
         parts._label_bases, parts._label_positions, parts._expand = None, label_positions, expand
-        parts.num_rows, parts.stitched, parts._release = len(rows), (view, rows), release
+        parts.num_rows, parts.stitched, parts._release, parts._origin = len(rows), (view, rows), release, None
         return parts
+
+    def row_origin(self, row):
+        """Return ``(path, index)``: the file and the sample in it of batch ``row``, for error messages.
+
+        Rows read from memory that holds them for a while (a window: windows.py) name the file they were read
+        from through the ``origin`` the Parts were made with.
+        """
+        if self._origin is not None:
+            return self._origin(row)
+        part = int(np.searchsorted(self.bounds, row, side="right")) - 1
+        return self.paths[part], int(self.indices[row])
 
     def _expanded(self):
         if self._expand is not None:

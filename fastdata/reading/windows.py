@@ -138,12 +138,17 @@ class WindowReads:
         if alignment is None:
             return None, f"the file system of {store.index.path(0)!r} refuses direct I/O (O_DIRECT)"
         reads = cls(store, order, alignment)
-        if reads.slot_rows > (1 + MAX_SLACK) * order.window * order.block_size + 1:
-            return None, (f"rows of {reads.row_bytes} bytes in windows of {order.window} blocks of {order.block_size} "
-                          f"would leave more than {MAX_SLACK:.0%} of a window's memory unused at {alignment}-byte "
-                          "alignment; pass a larger block_size or window")
-        why = window_room(reads.held_bytes(), order)
+        why = reads._wasteful() or window_room(reads.held_bytes(), order)
         return (reads, None) if why is None else (None, why)
+
+    def _wasteful(self):
+        """Return why a slot's view would leave over MAX_SLACK of its rows unused, or None."""
+        order = self.order
+        if self.slot_rows <= (1 + MAX_SLACK) * order.window * order.block_size + 1:
+            return None
+        return (f"rows of {self.row_bytes} bytes in windows of {order.window} blocks of {order.block_size} would "
+                f"leave more than {MAX_SLACK:.0%} of a window's memory unused at {self.alignment}-byte alignment; "
+                "pass a larger block_size or window")
 
     def held_bytes(self):
         """The most bytes of memory this process's windows hold: SLOTS windows' rows (their pages made as read)."""
@@ -176,6 +181,10 @@ class WindowReads:
         except BaseException:
             self._slots.release(used)
             raise
+        return self._parts_of(indices, rows, used)
+
+    def _parts_of(self, indices, rows, used):
+        """Return the Parts of global ``indices`` read as view ``rows`` of the windows ``used`` (leased)."""
         return Parts.of_stitched_rows(self.view, rows, self._label_base + rows * 8,
                                       partial(self.store.expand_parts, self.store.index.shard_of(indices), indices),
                                       partial(self._slots.release, used))
@@ -186,15 +195,28 @@ class WindowReads:
         if window.error is not None:
             raise window.error
 
+    def _memory_size(self, rows):
+        """The bytes of memory ``rows`` view rows take, from an aligned byte."""
+        return rows * self.row_bytes + self.alignment
+
     def _make_memory(self, rows):
         """Return ``(memory, labels)`` of ``rows`` view rows: page-aligned bytes (pages made as read), int64 labels."""
-        memory = mmap.mmap(-1, rows * self.row_bytes + self.alignment, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        memory = mmap.mmap(-1, self._memory_size(rows), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         _WITH_MEMORY.add(self)  # see NOTE [windows after fork]
         return memory, np.zeros(rows, np.int64)
 
     def _start(self):
         """Make this process's slots, views and threads (a forked child makes its own)."""
         self._pid = os.getpid()
+        self._make_views()
+        self._slots = self._make_slots()
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-window")
+        threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
+                         name="fastdata-windows").start()
+        self._stop = weakref.finalize(self, _stop, self._slots, self._pool)
+
+    def _make_views(self):
+        """Make this process's window memory, labels and the row view batches are taken from."""
         rows = SLOTS * self.slot_rows + 1
         self._memory, self.labels = self._make_memory(rows)
         step = int(np.gcd(self.row_bytes, self.alignment))
@@ -202,11 +224,6 @@ class WindowReads:
         self._base = self._column_offsets(0)[0] % step if usual is None else usual
         self.view = np.ndarray((rows, *self.row_shape), self.dtype, buffer=self._memory, offset=self._base)
         self._label_base = self.labels.ctypes.data
-        self._slots = self._make_slots()
-        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-window")
-        threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
-                         name="fastdata-windows").start()
-        self._stop = weakref.finalize(self, _stop, self._slots, self._pool)
 
     def _make_slots(self):
         return WindowSlots()
@@ -349,8 +366,7 @@ class WindowReads:
         needed = target - shift - place + (stop - start) * self.row_bytes
         labels = os.pread(plain, (stop - start) * 8, labels_at)
         if got < needed or len(labels) < (stop - start) * 8:
-            raise FormatError(f"{path!r} ended before samples {start}..{stop} were read: the file was cut short "
-                              "while it was read. Open the dataset again, or convert its source again.")
+            raise cut_short(path, start, stop)
         if shift:  # ctypes calls free the GIL
             address = memory.ctypes.data
             ctypes.memmove(address + target, address + target - shift, (stop - start) * self.row_bytes)
@@ -476,6 +492,12 @@ def place_runs(offsets, counts, row_bytes, alignment, base, first_row):
             end = place + length
         places[k], rows[k] = place, row
     return reads, lengths, places, rows, shifts
+
+
+def cut_short(path, start, stop):
+    """Return the error for a file that ended before samples ``start..stop`` of a window were read from it."""
+    return FormatError(f"{path!r} ended before samples {start}..{stop} were read: the file was cut short while it "
+                       "was read. Open the dataset again, or convert its source again.")
 
 
 def direct_buffer(size):

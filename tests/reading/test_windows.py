@@ -386,15 +386,6 @@ def test_a_shard_whose_column_lies_apart_is_stitched_from_memory_and_said_once(u
     assert len(said) == 1 and "shard 0 " in str(said[0].message) and "read into memory" in str(said[0].message)
 
 
-def test_jpeg_shards_keep_the_hints(shard_converted, monkeypatch):
-    dataset = open_dataset(shard_converted("hdf5", "jpeg"))
-    assert dataset.read_windows(block_order(dataset, 8, 4, 3)) is None and dataset._store.windows is None
-    monkeypatch.setattr("fastdata.reading.shuffles.available_memory", lambda: (memory_short_of(dataset.nbytes), "test"))
-    loader = make_loader(dataset, 8, shuffle=True)
-    assert loader.sampler.shuffle == "block" and isinstance(loader.steps.readahead, ReadAhead)
-    assert sorted(i for _, labels in loader for i in labels.tolist()) == sorted(dataset.labels.tolist())
-
-
 @given(data=st.data(), row_bytes=st.integers(1, 20000), alignment=st.sampled_from([512, 4096]),
        first_row=st.integers(0, 50))
 def test_placed_runs_are_aligned_apart_and_put_each_first_row_on_a_row(data, row_bytes, alignment, first_row):
