@@ -117,6 +117,15 @@ def test_fields_picks_what_is_read_and_the_others_are_never_touched(record_file,
     assert jpeg.shape == (1, 3, 16, 16)
 
 
+def test_a_batch_keeps_the_schemas_order_whatever_order_its_fields_are_read_in(record_file):
+    # NOTE [fields beside the decode]: the image is decoded last, on the helpers while the others are read
+    path, _ = record_file
+    batch = open_dataset(path).read_batch([4, 0, 7])
+    assert list(batch) == ["id", "image", "caption", "tokens", "tokens_lengths", "boxes", "boxes_lengths", "weight"]
+    picked = open_dataset(path, fields=["caption", "image", "id"]).read_batch([4, 0, 7])
+    assert list(picked) == ["caption", "image", "id"] and picked["image"].shape == (3, 3, 16, 16)
+
+
 def test_options_for_sample_label_batches_are_refused(record_file):
     with pytest.raises(OptionError, match="pad_to applies to text datasets"):
         make_loader(open_dataset(record_file[0]), 4, pad_to=8)
