@@ -52,11 +52,13 @@ from fastdata.loading.records import RecordDataset
 from fastdata.reading.kernel import check_pattern
 from fastdata.reading.raggedwindows import RaggedWindowReads
 from fastdata.reading.remote import open_remote_store
+from fastdata.reading.sharedwindows import SharedRaggedWindowReads, SharedWindowReads
 from fastdata.reading.store import ShardStore
 from fastdata.reading.windows import WindowReads
 from fastdata.storage.urls import is_url, read_remote_index
 
 _WINDOW_READS = {"raw": WindowReads, "jpeg": RaggedWindowReads}  # a block order's windows, by sample storage
+_SHARED_WINDOW_READS = {"raw": SharedWindowReads, "jpeg": SharedRaggedWindowReads}  # the same, the ranks' shared
 
 
 class PackedDataset(BatchReads, Dataset):
@@ -345,8 +347,9 @@ class PackedDataset(BatchReads, Dataset):
         windows (one reader, data bigger than the page cache). None (and no change) where the ranks of this
         machine cannot all share them, with a FastPathWarning saying why where this rank wanted to.
         """
-        store = self._store if self.storage == "raw" else None
-        reads, why = share_windows(store, order, wanted and store is not None)
+        store = self._store if self.storage in _SHARED_WINDOW_READS else None
+        reads, why = share_windows(store, order, wanted and store is not None,
+                                   _SHARED_WINDOW_READS.get(self.storage, SharedWindowReads))
         if reads is not None:
             self._store.windows = reads
         elif why:

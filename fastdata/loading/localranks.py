@@ -28,15 +28,16 @@ def machine_id():
     return f"{socket.gethostname()}/{boot}"
 
 
-def share_windows(store, order, wanted):
-    """Return ``(SharedWindowReads, None)`` of ``order`` over ``store``, read by this rank with the others of its
-    machine, or ``(None, why not)``; a collective: every rank of the group calls it with the same order.
+def share_windows(store, order, wanted, reads_type=SharedWindowReads):
+    """Return ``(reads_type, None)`` (a SharedWindowReads) of ``order`` over ``store``, read by this rank with the
+    others of its machine, or ``(None, why not)``; a collective: every rank of the group calls it with the same
+    order.
 
     ``wanted``: this rank would read windows (one reader, data bigger than the page cache). The ranks of a
     machine share windows only where every one of them wants to and can; ``why not`` is None where this rank
     did not want to or is alone on its machine.
     """
-    reads, why = SharedWindowReads.of(store, order) if wanted else (None, None)
+    reads, why = reads_type.of(store, order) if wanted else (None, None)
     sample_bytes, rows = reads.memory_bytes() if reads is not None else (0, 0)
     everyone = gather_objects({"machine": machine_id(), "can": reads is not None, "why": why})
     machines = {}

@@ -34,25 +34,28 @@ class Parts(Sequence):
     """
 
     __slots__ = ("_columns", "_indices", "_bounds", "_paths", "_label_bases", "_label_positions", "_expand",
-                 "num_rows", "stitched", "_release", "_origin")
+                 "num_rows", "stitched", "_release", "_origin", "_keep")
 
     def __init__(self, columns, indices, bounds, paths, label_bases=None, origin=None):
         self._columns, self._indices, self._bounds, self._paths = columns, indices, bounds, paths
         self._label_bases, self._label_positions, self._expand = label_bases, None, None
         self.num_rows = bounds[-1]
         self.stitched, self._release = None, None  # see hold()
-        self._origin = origin  # see row_origin
+        self._origin, self._keep = origin, None  # see row_origin, of_stitched_rows
 
     @classmethod
-    def of_stitched_rows(cls, view, rows, label_positions, expand, release):
+    def of_stitched_rows(cls, view, rows, label_positions, expand, release, keep=None):
         """Return the Parts of a batch that is one take of ``view[rows]``, its labels at ``label_positions``.
 
         Its columns, indices, bounds and paths are ``expand()`` (a tuple of the four), made only
-        when asked for (see NOTE [steady batches] in store.py); ``release`` as for ``hold``.
+        when asked for (see NOTE [steady batches] in store.py); ``release`` as for ``hold``. ``keep``:
+        the array the label addresses lie in, held as long as the Parts (a window's labels: the windows
+        may be made anew meanwhile, and a gather from freed memory crashed the process).
         """
         parts = cls.__new__(cls)
         parts._label_bases, parts._label_positions, parts._expand = None, label_positions, expand
         parts.num_rows, parts.stitched, parts._release, parts._origin = len(rows), (view, rows), release, None
+        parts._keep = keep
         return parts
 
     def row_origin(self, row):

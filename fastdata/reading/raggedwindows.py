@@ -12,7 +12,10 @@ them, so that the whole memory, its labels and its offsets are one Columns
 that a batch takes rows of, as it would of a file (the JPEG decoder reads
 them unchanged). A slot's address space is what the ``window`` largest
 blocks of the dataset hold, with that slack; its pages are made as read.
-Measured in benchmarks/results/scale.md (the 224 px jpeg rows from disk).
+The ranks of a machine share such windows as they share raw ones
+(SharedRaggedWindowReads, NOTE [shared windows] in sharedwindows.py).
+Measured in benchmarks/results/scale/results.md (the 224 px jpeg rows from
+disk, one process; the ranks' JPEG windows are tested, not measured).
 """
 
 import os

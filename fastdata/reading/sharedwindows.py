@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from fastdata.errors import FormatError
+from fastdata.reading.raggedwindows import RaggedWindowReads
 from fastdata.reading.windows import WindowAhead, WindowReads
 from fastdata.reading.windowslots import SLOTS, WindowSlots
 
@@ -176,6 +177,14 @@ class SharedWindowReads(WindowReads):
     def __getstate__(self):
         return {**super().__getstate__(), "shared": None, "_owner": None,
                 "_windows_per_epoch": self._windows_per_epoch}
+
+
+class SharedRaggedWindowReads(SharedWindowReads, RaggedWindowReads):
+    """The SharedWindowReads of JPEG rows (NOTE [ragged windows] in raggedwindows.py): the runs' bytes and labels
+    in the file the ranks share; each rank lays out every window itself, so its rows' offsets are its own."""
+
+    def memory_bytes(self):
+        return SLOTS * self.slot_bytes, SLOTS * self.slot_rows
 
 
 class SharedWindowSlots(WindowSlots):

@@ -54,6 +54,8 @@ from fastdata.reading.shardcolumns import ShardColumns
 from fastdata.reading.sources import LocalShards
 from fastdata.reading.stitch import StitchedRows
 
+_RESETTING = threading.Lock()  # held while a store makes this process's own state: NOTE [reset once]
+os.register_at_fork(after_in_child=lambda: globals().update(_RESETTING=threading.Lock()))  # held by no thread here
 _OPEN_SHARDS_RANGE = (128, 4096)  # the default bound's least and most; see NOTE [open shards]
 
 
@@ -121,13 +123,31 @@ class ShardStore(ShardChecks, ShardColumns):
         if not self.source.keeps_fingerprints:  # a forked process: its copies may be other files (NOTE [cached shards])
             self._fingerprints = {}
         self.source.attach(self)
-        self._lock, self._pid = threading.Lock(), os.getpid()
+        self._lock = threading.Lock()
         self._leases = Leases(self._paths)  # see NOTE [read leases] in leases.py
+        self._pid = os.getpid()  # last: another thread takes the store as made from here on (NOTE [reset once])
+
+    def _this_process(self):
+        """Make this process's open shards, arrays and lock once, whichever of its threads asks first.
+
+        NOTE [reset once]: a forked child (the auto helper, a worker) inherits
+        the store of its parent and makes its own on first use; its placing
+        thread (window reads) and its reading thread both asked at once, so
+        both reset it, and a shard opened under the first reset kept its
+        fresh check time in the second one's arrays while its label address
+        there stayed 0: the next batch gathered labels from address 0 and
+        the helper died of SIGSEGV (tests/reading/test_windows.py, the
+        windows-let-go test: 2 of 30 runs at ae9e609 under a busy core; the
+        core dump's gather read the address-space view at 0).
+        """
+        if self._pid != os.getpid():
+            with _RESETTING:
+                if self._pid != os.getpid():
+                    self._reset()
 
     def enter(self):
         """Begin a read of the open shards' maps (FormatError if a file is being changed); ``leave`` after it."""
-        if self._pid != os.getpid():  # see NOTE [lazy open] in datasets.py
-            self._reset()
+        self._this_process()  # see NOTE [lazy open] in datasets.py
         if broken := self._leases.enter():
             for shard in broken:
                 if shard in self._fingerprints:
@@ -144,8 +164,7 @@ class ShardStore(ShardChecks, ShardColumns):
 
     def unguarded(self):
         """Return why this process holds no read leases on the files (NOTE [read leases]), or None."""
-        if self._pid != os.getpid():
-            self._reset()
+        self._this_process()
         return self._leases.unguarded
 
     def parts(self, indices, batches=1):
@@ -262,8 +281,7 @@ class ShardStore(ShardChecks, ShardColumns):
         shard opens, so that no slot the caller reads is unmapped meanwhile; the caller releases it
         once the rows are read (see NOTE [stitched rows] in stitch.py).
         """
-        if self._pid != os.getpid():  # see NOTE [lazy open] in datasets.py
-            self._reset()
+        self._this_process()  # see NOTE [lazy open] in datasets.py
         shards = np.asarray(shards, dtype=np.int64)
         leased = lease and self._stitch is not None
         with self._lock:
@@ -293,8 +311,7 @@ class ShardStore(ShardChecks, ShardColumns):
 
     def _only(self):
         """Return the Columns of a store of one shard: ``columns([0])`` without the arrays (one file: every read)."""
-        if self._pid != os.getpid():
-            self._reset()
+        self._this_process()
         with self._lock:
             columns, now = self._open[0], time.monotonic()
             if columns is None:

@@ -187,7 +187,7 @@ class WindowReads:
         """Return the Parts of global ``indices`` read as view ``rows`` of the windows ``used`` (leased)."""
         return Parts.of_stitched_rows(self.view, rows, self._label_base + rows * 8,
                                       partial(self.store.expand_parts, self.store.index.shard_of(indices), indices),
-                                      partial(self._slots.release, used))
+                                      partial(self._slots.release, used), keep=self.labels)
 
     def _wait_read(self, window):
         """Wait until ``window`` is read into its slot; raise what failed there."""

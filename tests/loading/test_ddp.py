@@ -312,6 +312,17 @@ def converted_labels(tmp_path_factory):
     return work / "raw"
 
 
+@pytest.fixture(scope="module")
+def converted_jpeg(converted_labels):
+    """``converted_labels``' photos as 16 px JPEG shards of about 9 samples (NOTE [ragged windows])."""
+    from fastdata import convert_imagefolder
+
+    out = converted_labels.parent / "jpeg"
+    convert_imagefolder(converted_labels.parent / "photos", out, size=16, storage="jpeg", shard_size=9 * 600,
+                        workers=1, progress=False)
+    return out
+
+
 def shared_files():
     return set(glob.glob("/dev/shm/fastdata-windows-*"))
 
@@ -335,12 +346,13 @@ def test_a_loader_made_before_its_group_reads_ahead_in_its_ranks_order(converted
         assert epochs == reference_epochs(path, results[0][run]["state"], 1), shuffle
 
 
-@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
-def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(converted_labels, tmp_path,
-                                                                              world_size):
+@pytest.mark.parametrize(("folder", "world_size"), [("converted_labels", 2), ("converted_jpeg", 2),
+                                                  pytest.param("converted_labels", 3, marks=pytest.mark.slow)])
+def test_the_ranks_of_a_machine_read_each_window_once_into_memory_they_share(folder, world_size, tmp_path,
+                                                                              request):
     # NOTE [shared windows] in reading/sharedwindows.py: every rank's batches come from the windows its
     # machine's ranks read together, equal to the files', and the padded step of each epoch from the files
-    path, epochs = converted_labels, 3
+    path, epochs = request.getfixturevalue(folder), 3
     dataset, before = open_dataset(path), shared_files()
     runs = [run_spec(GLOBAL_BATCH // world_size, SHARED, epochs, available_memory=memory_short_of(dataset.nbytes),
                      sleep=0.002, sums=True)]
