@@ -187,16 +187,6 @@ class JpegImageDecoder(_ImageDecoder):
     def batch_parts(self, parts, pin_memory=False, threads=None, crop=None):
         """Decode a batch on ``threads`` threads, this one included (default: all cores; 1 in a DataLoader worker).
 
-        See ``start_parts``; here the calling thread joins the decode at once.
-        """
-        return self.start_parts(parts, pin_memory, threads, crop)()
-
-    def start_parts(self, parts, pin_memory=False, threads=None, crop=None):
-        """Begin decoding a batch on the helper threads; return the function in which this thread decodes too,
-        until every row is done (call it once, before the parts are released).
-
-        A record batch reads its other fields between the two, while the
-        helpers decode (NOTE [fields beside the decode] in records.py).
         The rows of every part share one pool of threads and one buffer.
         With ``crop`` (a ResizedCrop), every row is decoded straight to its
         box resized to ``crop.size`` (decode_jpeg_resized_crop): the boxes
@@ -242,21 +232,17 @@ class JpegImageDecoder(_ImageDecoder):
         if threads is None:
             threads = 1 if get_worker_info() is not None else usable_cpus()  # workers own a core each
         helpers = [self._helper_pool(threads - 1).submit(decode_rows) for _ in range(min(threads, len(starts)) - 1)]
-
-        def finish():
-            try:
-                decode_rows()
-            finally:  # never return (or raise) while a helper still writes into the batch
-                failures = [error for error in [helper.exception() for helper in helpers] if error is not None]
-                # A pool thread sets its future's result before it drops the call it ran (decode_rows, and with it
-                # these views of the shards' maps): cleared here, a shard the store closes next is unmapped at once.
-                sources.clear()
-            if failures:
-                raise failures[0]
-            images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]
-            return (images.pin_memory() if pin_memory else images,)
-
-        return finish
+        try:
+            decode_rows()
+        finally:  # never return (or raise) while a helper still writes into the batch
+            failures = [error for error in [helper.exception() for helper in helpers] if error is not None]
+            # A pool thread sets its future's result before it drops the call it ran (decode_rows, and with it
+            # these views of the shards' maps): cleared here, a shard the store closes next is unmapped at once.
+            sources.clear()
+        if failures:
+            raise failures[0]
+        images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]
+        return (images.pin_memory() if pin_memory else images,)
 
     def _crop_boxes(self, crop, parts, sources, starts, stops):
         """Return ``crop.boxes`` of the batch's rows (a list of ``[top, left, height, width]``), given their sizes."""

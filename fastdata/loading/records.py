@@ -35,7 +35,6 @@ from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.slots import ALIGN
 from fastdata.reading.kernel import advise_column, check_pattern, hint_spans, sharded_spans
-from fastdata.reading.parts import Parts
 from fastdata.reading.remote import cached_shards, check_prefetch
 from fastdata.storage.urls import is_url, read_remote_index
 
@@ -222,55 +221,28 @@ class RecordDataset(Dataset):
         return TokenField(self, name)
 
     def _read_part(self, shard, indices, threads):
-        """Return the dict batch of rows ``indices`` (checked, in range) of ``shard``.
-
-        NOTE [fields beside the decode]: the image fields' decodes are begun
-        on the helper threads first, the other fields read meanwhile, and
-        this thread then decodes with them. Read one after the other, the
-        decode threads idled while this one made a batch's 256 captions and
-        padded its tokens: 64 px jpeg pairs (image, 77-word caption, tokens)
-        loaded at 0.63-0.81 of the decode limit (/tmp/p30/rate.py, 6 rounds
-        in turn, an AMD EPYC on 2 cores), the pool's thread idle a third of
-        the time (py-spy).
-        """
+        """Return the dict batch of rows ``indices`` (checked, in range) of ``shard``."""
         columns, path = self._open(shard), self._files[shard]
-        batch, images = {}, {}
-        try:
-            for name, field in self._picked_schema().items():  # every key in its place first
-                batch[name] = None
-                if field.type in ("tokens", "ragged"):
-                    batch[name + LENGTHS_SUFFIX] = None
-                if field.type == "image":
-                    images[name] = self._start_images(name, field, columns[name], indices, threads, path)
-            for name, field in self._picked_schema().items():
-                column = columns[name]
-                if field.type in ("tokens", "ragged"):
-                    batch[name], batch[name + LENGTHS_SUFFIX] = _padded(column, indices, field)
-                elif field.type in ("str", "bytes", "json"):
-                    batch[name] = _byte_values(column, indices, field.type, name, path)
-                elif field.type != "image":
-                    values = np.take(np.asarray(column.values), indices, axis=0)
-                    batch[name] = torch.from_numpy(values.astype(np.int64) if values.dtype.name in _WIDENED
-                                                   else values)
-        finally:  # never return (or raise) while a decode still writes into the batch
-            failures = []
-            for name, finish in images.items():
-                try:
-                    (batch[name],) = finish()
-                except Exception as exc:
-                    failures.append(exc)
-            if failures:
-                raise failures[0]
+        batch = {}
+        for name, field in self._picked_schema().items():
+            column = columns[name]
+            if field.type == "image":
+                batch[name] = self._images(name, field, column, indices, threads, path)
+            elif field.type in ("tokens", "ragged"):
+                batch[name], batch[name + LENGTHS_SUFFIX] = _padded(column, indices, field)
+            elif field.type in ("str", "bytes", "json"):
+                batch[name] = _byte_values(column, indices, field.type, name, path)
+            else:
+                values = np.take(np.asarray(column.values), indices, axis=0)
+                batch[name] = torch.from_numpy(values.astype(np.int64) if values.dtype.name in _WIDENED else values)
         return batch
 
-    def _start_images(self, name, field, column, indices, threads, path):
-        """Begin reading image field ``name`` of rows ``indices``; return the function that finishes it."""
+    def _images(self, name, field, column, indices, threads, path):
         decoder = self._decoders.get(name)
         if decoder is None:  # PNG: Pillow, one image at a time
-            images = _png_images(column, indices, field, name, path)
-            return lambda: (images,)
-        parts = Parts([Columns(column.values, _NO_LABELS, column.offsets)], indices, [0, len(indices)], [path])
-        return decoder.start_parts(parts, threads=threads)
+            return _png_images(column, indices, field, name, path)
+        (images,) = decoder.batch(Columns(column.values, _NO_LABELS, column.offsets), indices, threads=threads)
+        return images
 
     def max_batch_bytes(self, batch_size, **options):
         """Return the most bytes of the tensors of a batch of ``batch_size`` (each aligned as a slot stores it).

@@ -206,14 +206,18 @@ class WindowReads:
         return memory, np.zeros(rows, np.int64)
 
     def _start(self):
-        """Make this process's slots, views and threads (a forked child makes its own)."""
-        self._pid = os.getpid()
+        """Make this process's slots, views and threads (a forked child makes its own).
+
+        This process's ``_pid`` is set last: until then a batch asked for on another thread is read from the
+        files, not from views and slots half made (see NOTE [reset once] in store.py).
+        """
         self._make_views()
         self._slots = self._make_slots()
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastdata-window")
         threading.Thread(target=_place_windows, args=(self._slots, weakref.ref(self)), daemon=True,
                          name="fastdata-windows").start()
         self._stop = weakref.finalize(self, _stop, self._slots, self._pool)
+        self._pid = os.getpid()
 
     def _make_views(self):
         """Make this process's window memory, labels and the row view batches are taken from."""
