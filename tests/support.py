@@ -2,6 +2,7 @@
 
 import multiprocessing
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -26,6 +27,45 @@ def memory_short_of(nbytes):
     """The memory available to pretend for data of ``nbytes`` bytes: just too little for them to stay in the page
     cache (NOTE [auto shuffle] in shuffles.py), room for windows that hold up to ``nbytes`` (NOTE [window room])."""
     return int(nbytes / CACHE_SHARE) - 1
+
+
+def planned(loader, epoch):
+    """The batches ``loader`` reads in ``epoch``, from its order (each sorted, as a loader reads it)."""
+    order = loader.sampler.order
+    return [np.sort(order.batch(epoch, step)) for step in range(order.num_steps)]
+
+
+def walk_windows(dataset, reads, epoch, look=None):
+    """Read every step of ``epoch`` of ``reads.order`` from ``dataset`` as a WindowAhead wants ``reads``' windows.
+
+    Checks that a step's Parts come from the windows exactly where it lies in the two wanted, and that the
+    dataset counts its read as from the windows exactly then; ``look(parts, indices)`` sees those Parts before
+    they are released. Returns ``[(indices, images, labels, from_windows)]`` (numpy arrays), a step each.
+    """
+    from fastdata.errors import FastPathWarning
+    from fastdata.reading.windows import WindowAhead
+
+    order, read_ahead, steps = reads.order, WindowAhead(reads), []
+    read_ahead.start(epoch, 0)
+    for step in range(order.num_steps):
+        read_ahead.advance(step)
+        start, stop = order.step_positions(step)
+        indices = order.batch(epoch, step)
+        parts = reads.parts(indices)
+        assert (parts is not None) == (order.window_of(epoch, stop - 1) <= order.window_of(epoch, start) + 1), step
+        if parts is not None:
+            try:
+                if look is not None:
+                    look(parts, indices)
+            finally:
+                parts.release()
+        before = dataset.read_paths()["windows"]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "a batch .* lies outside the block order's windows", FastPathWarning)
+            images, labels = dataset.read_batch(indices)
+        assert (parts is None) == (dataset.read_paths()["windows"] == before), step
+        steps.append((indices, images.numpy(), labels.numpy(), parts is not None))
+    return steps
 
 
 def folder_listing(folder):

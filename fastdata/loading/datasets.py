@@ -347,9 +347,8 @@ class PackedDataset(BatchReads, Dataset):
         windows (one reader, data bigger than the page cache). None (and no change) where the ranks of this
         machine cannot all share them, with a FastPathWarning saying why where this rank wanted to.
         """
-        store = self._store if self.storage in _SHARED_WINDOW_READS else None
-        reads, why = share_windows(store, order, wanted and store is not None,
-                                   _SHARED_WINDOW_READS.get(self.storage, SharedWindowReads))
+        reads_type = _SHARED_WINDOW_READS.get(self.storage)
+        reads, why = share_windows(self._store, order, wanted and reads_type is not None, reads_type)
         if reads is not None:
             self._store.windows = reads
         elif why:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from fastdata.loading.collectives import gather_objects
 from fastdata.reading import sharedwindows
-from fastdata.reading.sharedwindows import SharedMemory, SharedWindowReads
+from fastdata.reading.sharedwindows import SharedMemory
 
 
 def in_process_group(world_size):
@@ -28,10 +28,10 @@ def machine_id():
     return f"{socket.gethostname()}/{boot}"
 
 
-def share_windows(store, order, wanted, reads_type=SharedWindowReads):
-    """Return ``(reads_type, None)`` (a SharedWindowReads) of ``order`` over ``store``, read by this rank with the
-    others of its machine, or ``(None, why not)``; a collective: every rank of the group calls it with the same
-    order.
+def share_windows(store, order, wanted, reads_type):
+    """Return ``(reads, None)``, the ``reads_type`` (a SharedWindowReads) of ``order`` over ``store`` read by this
+    rank with the others of its machine, or ``(None, why not)``; a collective: every rank of the group calls it
+    with the same order.
 
     ``wanted``: this rank would read windows (one reader, data bigger than the page cache). The ranks of a
     machine share windows only where every one of them wants to and can; ``why not`` is None where this rank

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import memory_short_of, start_methods
+from support import memory_short_of, planned, start_methods, walk_windows
 
 from fastdata import convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import FastPathWarning, FormatError
@@ -47,11 +47,6 @@ def stored_bytes(parts):
             for columns, rows, _ in parts for row in rows.tolist()]
 
 
-def planned(loader, epoch):
-    order = loader.sampler.order
-    return [np.sort(order.batch(epoch, step)) for step in range(order.num_steps)]
-
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(container=st.sampled_from(["hdf5", "arrow"]), batch=st.integers(1, 40), block_size=st.integers(1, 40),
        window=st.integers(1, 8), epoch=st.integers(0, 3), seed=st.integers(0, 2**16),
@@ -67,26 +62,13 @@ def test_every_batch_in_the_wanted_windows_holds_the_files_bytes_and_decodes_as_
     else:  # a coarser one: runs land further apart, read from further below
         reads = dataset._store.windows = RaggedWindowReads(dataset._store, order, alignment)
     assert isinstance(reads, RaggedWindowReads)
-    read_ahead = WindowAhead(reads)
-    read_ahead.start(epoch, 0)
-    for step in range(order.num_steps):
-        read_ahead.advance(step)
-        start, stop = order.step_positions(step)
-        indices = order.batch(epoch, step)
-        parts = reads.parts(indices)
-        assert (parts is not None) == (order.window_of(epoch, stop - 1) <= order.window_of(epoch, start) + 1)
-        if parts is not None:
-            try:
-                assert stored_bytes(parts) == stored_bytes(files._store.parts(indices))
-            finally:
-                parts.release()
-        before = dataset.read_paths()["windows"]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "a batch .* lies outside the block order's windows", FastPathWarning)
-            images, labels = dataset.read_batch(indices)
-        assert (parts is None) == (dataset.read_paths()["windows"] == before)
+
+    def same_bytes(parts, indices):
+        assert stored_bytes(parts) == stored_bytes(files._store.parts(indices))
+
+    for indices, images, labels, _ in walk_windows(dataset, reads, epoch, look=same_bytes):
         expected = reference(folder, indices)
-        assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1]), step
+        assert np.array_equal(images, expected[0]) and np.array_equal(labels, expected[1])
 
 
 @pytest.mark.parametrize("container", ["hdf5", "arrow"])

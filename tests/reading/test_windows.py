@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from support import memory_short_of, start_methods, wait_for
+from support import memory_short_of, planned, start_methods, wait_for, walk_windows
 
 from fastdata import convert_imagefolder, make_loader, open_dataset
 from fastdata.errors import FastPathWarning, FormatError
@@ -60,12 +60,6 @@ def reference(folder, indices):
     return images.numpy(), labels.numpy()
 
 
-def planned(loader, epoch):
-    """The batches ``loader`` reads in ``epoch``, from its order."""
-    order = loader.sampler.order
-    return [np.sort(order.batch(epoch, step)) for step in range(order.num_steps)]
-
-
 def block_order(dataset, batch, block_size, window, seed=0):
     return EpochOrder(len(dataset), batch, shuffle="block", seed=seed, block_size=block_size, window=window)
 
@@ -89,25 +83,10 @@ def test_every_batch_of_an_epoch_is_the_files_and_those_in_the_wanted_windows_co
         alignment = direct_alignment(dataset.shard_paths[0])
         assert WindowReads(dataset._store, order, alignment).slot_rows > (1 + MAX_SLACK) * window * block_size + 1
         return
-    read_ahead = WindowAhead(reads)
-    read_ahead.start(epoch, 0)
-    for step in range(order.num_steps):
-        read_ahead.advance(step)
-        start, stop = order.step_positions(step)
-        indices = order.batch(epoch, step)
-        first, last = order.window_of(epoch, start), order.window_of(epoch, stop - 1)
-        parts = reads.parts(indices)
-        assert (parts is not None) == (last <= first + 1)  # the windows wanted: this one and the next
-        if parts is not None:
-            parts.release()
-        before = dataset.read_paths()["windows"]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "a batch .* lies outside the block order's windows", FastPathWarning)
-            images, labels = dataset.read_batch(indices)
-        assert (parts is None) == (dataset.read_paths()["windows"] == before)
-        assert (parts is None) <= ("window miss" in dataset.fallbacks())
+    for indices, images, labels, from_windows in walk_windows(dataset, reads, epoch):
+        assert from_windows or "window miss" in dataset.fallbacks()
         expected = reference(folders[size], indices)
-        assert np.array_equal(images.numpy(), expected[0]) and np.array_equal(labels.numpy(), expected[1]), step
+        assert np.array_equal(images, expected[0]) and np.array_equal(labels, expected[1])
 
 
 def test_make_loader_reads_windows_alone_and_resumes_to_the_same_batches(folders, monkeypatch):
