@@ -194,9 +194,9 @@ class SharedWindowSlots(WindowSlots):
         super().__init__()
         self._sequence = sequence
 
-    def _slot_for(self, key):
+    def _slot_for(self, key, reading=False):
         slot = self._sequence(key) % SLOTS
-        return slot if slot in self._free() else None
+        return slot if slot in self._free(reading) else None
 
 
 class SharedWindowAhead(WindowAhead):
