@@ -1,10 +1,7 @@
 """Turn stored rows into tensors: one Decoder subclass per kind of packed file."""
 
 import abc
-import functools
 import itertools
-import time
-import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -14,15 +11,11 @@ import torch
 from torch.utils.data import get_worker_info
 
 from fastdata._cpu import usable_cpus
-from fastdata.codecs import jpeglanes
 from fastdata.codecs.images import decode_jpeg, decode_jpeg_resized_crop, jpeg_decoder_into, jpeg_size
-from fastdata.errors import FastPathWarning, FormatError, OptionError
+from fastdata.errors import FormatError, OptionError
 from fastdata.reading.buffers import BufferPool
 from fastdata.reading.parts import Part, Parts
 from fastdata.reading.rowcopy import RowCopier
-
-LANE_SHARE_STEP = 0.01  # how far a batch moves the share decoded beside the lanes: NOTE [lane share]
-LANE_WAIT = 250e-6  # seconds a batch may wait for its lanes before the share decoded beside them grows
 
 
 class Decoder(abc.ABC):
@@ -169,8 +162,6 @@ class JpegImageDecoder(_ImageDecoder):
         super().__init__(metadata, path)
         self._pool, self._pool_size = None, 0
         self._buffers = BufferPool()
-        self._lanes_failed = False  # see _take_lanes
-        self._share = None  # (lanes, the share of a batch decoded here beside them): see _balance
 
     def item(self, columns, index, path=None):
         data = columns.samples[columns.offsets[index] : columns.offsets[index + 1]]
@@ -195,14 +186,6 @@ class JpegImageDecoder(_ImageDecoder):
 
     def batch_parts(self, parts, pin_memory=False, threads=None, crop=None):
         """Decode a batch on ``threads`` threads, this one included (default: all cores; 1 in a DataLoader worker).
-
-        See ``start_parts``.
-        """
-        return self.start_parts(parts, pin_memory, threads, crop)()
-
-    def start_parts(self, parts, pin_memory=False, threads=None, crop=None):
-        """Begin decoding a batch: on decode lanes (NOTE [decode lanes] in codecs/jpeglanes.py), which go on
-        beside this thread until the batch is finished; else on threads, here and now.
 
         The rows of every part share one pool of threads and one buffer.
         With ``crop`` (a ResizedCrop), every row is decoded straight to its
@@ -248,17 +231,6 @@ class JpegImageDecoder(_ImageDecoder):
 
         if threads is None:
             threads = 1 if get_worker_info() is not None else usable_cpus()  # workers own a core each
-        lanes = self._take_lanes(threads - 1) if boxes is None and len(starts) >= 2 * threads else []
-        if lanes:  # see NOTE [decode lanes] in codecs/jpeglanes.py
-            finish_lanes = self._start_on_lanes(lanes, parts, sources, starts, stops, decoded, channels == 1)
-
-            def finish():
-                finish_lanes()
-                sources.clear()
-                images = torch.from_numpy(decoded).permute(0, 3, 1, 2)
-                return (images.pin_memory() if pin_memory else images,)
-
-            return finish
         helpers = [self._helper_pool(threads - 1).submit(decode_rows) for _ in range(min(threads, len(starts)) - 1)]
         try:
             decode_rows()
@@ -270,94 +242,7 @@ class JpegImageDecoder(_ImageDecoder):
         if failures:
             raise failures[0]
         images = torch.from_numpy(decoded).permute(0, 3, 1, 2)  # see NOTE [channels last]
-        batch = (images.pin_memory() if pin_memory else images,)
-        return lambda: batch
-
-    def _take_lanes(self, count):
-        """Return up to ``count`` decode lanes ready for this batch; none where lanes cannot start here (said once)."""
-        if count < 1 or self._lanes_failed:
-            return []
-        try:
-            return jpeglanes.take(count)
-        except jpeglanes.LaneError as exc:
-            self._lanes_failed = True
-            warnings.warn(f"{exc}: JPEG batches are decoded on threads in this process instead, its GIL taken once "
-                          "an image (NOTE [decode lanes] in fastdata/codecs/jpeglanes.py)", FastPathWarning, 2)
-            return []
-
-    def _start_on_lanes(self, lanes, parts, sources, starts, stops, decoded, grey):
-        """Begin the batch's rows into ``decoded``, a share on each lane; return the function that decodes the
-        first share on this thread and then gathers the lanes' (call it once)."""
-        mine = round(self._lane_share(len(lanes)) * len(starts))
-        shares = [0, *np.linspace(mine, len(starts), len(lanes) + 1).round().astype(int).tolist()]
-        here, begun, error = [(0, shares[1])], [], None
-        try:
-            for lane, start, stop in zip(lanes, shares[1:-1], shares[2:]):
-                try:
-                    lane.start(sources[start:stop], starts[start:stop], stops[start:stop], decoded.shape[1:], grey)
-                    begun.append((lane, start, stop))
-                except jpeglanes.LaneError as exc:
-                    _lane_ended(exc)
-                    here.append((start, stop))
-        except BaseException as exc:  # every lane begun is still answered first: it writes into its memory
-            error = exc
-        return functools.partial(self._finish_on_lanes, lanes, parts, sources, starts, stops, decoded, grey, here,
-                                 begun, error)
-
-    def _finish_on_lanes(self, lanes, parts, sources, starts, stops, decoded, grey, here, begun, error):
-        """Decode the ``here`` ranges on this thread, then gather the lanes ``begun`` (see _start_on_lanes)."""
-        if error is None:
-            try:
-                self._decode_here(parts, sources, starts, stops, decoded, grey, here)
-            except BaseException as exc:  # every lane begun is still answered first: it writes into its memory
-                error = exc
-        waited = time.perf_counter()
-        for lane, start, stop in begun:
-            try:
-                decoded[start:stop] = lane.finish()
-            except jpeglanes.LaneError as exc:
-                if exc.row is not None:
-                    error = error or self._damaged(*parts.row_origin(start + exc.row), exc)
-                    continue
-                _lane_ended(exc)
-                if error is None:
-                    try:
-                        self._decode_here(parts, sources, starts, stops, decoded, grey, [(start, stop)])
-                    except Exception as failed:
-                        error = failed
-        jpeglanes.give_back(lanes)
-        if error is not None:
-            raise error
-        if len(begun) == len(lanes):
-            self._balance(time.perf_counter() - waited)
-
-    def _lane_share(self, lanes):
-        """The share of a batch's rows this thread decodes beside ``lanes`` lanes (an even share at first)."""
-        if self._share is None or self._share[0] != lanes:
-            self._share = (lanes, 1 / (lanes + 1))
-        return self._share[1]
-
-    def _balance(self, waited):
-        """Move this thread's share of a batch up a step where it ``waited`` (seconds) for the lanes, else down.
-
-        NOTE [lane share]: this thread copies the lanes' JPEG bytes before it decodes its own share, a lane decodes
-        from shared memory, and waking it and being woken by its reply took ~0.6 ms a batch (64 px pairs, one
-        lane: the lane decoded in 3.74 ms a share this thread waited 0.65 ms for, /tmp/p30/chk2.py); so the
-        share that ends both together is found by steps, keeping this thread's wait near LANE_WAIT.
-        """
-        lanes, share = self._share
-        share += LANE_SHARE_STEP if waited > LANE_WAIT else -LANE_SHARE_STEP
-        self._share = (lanes, min(max(share, 0.05), 0.95))
-
-    def _decode_here(self, parts, sources, starts, stops, decoded, grey, ranges):
-        """Decode rows ``[start, stop)`` of each of ``ranges`` on this thread."""
-        decode = jpeg_decoder_into(grey)
-        for first, last in ranges:
-            for row in range(first, last):
-                try:
-                    decode(sources[row][starts[row] : stops[row]], buffer=decoded[row])
-                except Exception as exc:
-                    raise self._damaged(*parts.row_origin(row), exc) from exc
+        return (images.pin_memory() if pin_memory else images,)
 
     def _crop_boxes(self, crop, parts, sources, starts, stops):
         """Return ``crop.boxes`` of the batch's rows (a list of ``[top, left, height, width]``), given their sizes."""
@@ -441,11 +326,6 @@ class TokenDecoder(Decoder):
     def unbatch(self, tokens, lengths):
         """Split a padded batch back into 1-D int64 items (views of ``tokens``)."""
         return [row[:length] for row, length in zip(tokens, lengths.tolist())]
-
-
-def _lane_ended(exc):
-    warnings.warn(f"{exc}: its share of this batch was decoded on the loading thread; a new lane starts for the "
-                  "next batches", FastPathWarning, 3)
 
 
 DECODERS = {

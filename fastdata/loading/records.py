@@ -35,7 +35,6 @@ from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.decoders import JpegImageDecoder, RawImageDecoder
 from fastdata.loading.slots import ALIGN
 from fastdata.reading.kernel import advise_column, check_pattern, hint_spans, sharded_spans
-from fastdata.reading.parts import Parts
 from fastdata.reading.remote import cached_shards, check_prefetch
 from fastdata.storage.urls import is_url, read_remote_index
 
@@ -224,42 +223,26 @@ class RecordDataset(Dataset):
     def _read_part(self, shard, indices, threads):
         """Return the dict batch of rows ``indices`` (checked, in range) of ``shard``."""
         columns, path = self._open(shard), self._files[shard]
-        # the images begun first: decode lanes go on with them while the other fields are read (NOTE [decode lanes])
-        images = {name: self._start_images(name, field, columns[name], indices, threads, path)
-                  for name, field in self._picked_schema().items() if field.type == "image"}
         batch = {}
-        try:
-            for name, field in self._picked_schema().items():
-                column = columns[name]
-                if field.type == "image":
-                    batch[name] = None  # in its place: finished below
-                elif field.type in ("tokens", "ragged"):
-                    batch[name], batch[name + LENGTHS_SUFFIX] = _padded(column, indices, field)
-                elif field.type in ("str", "bytes", "json"):
-                    batch[name] = _byte_values(column, indices, field.type, name, path)
-                else:
-                    values = np.take(np.asarray(column.values), indices, axis=0)
-                    batch[name] = torch.from_numpy(values.astype(np.int64) if values.dtype.name in _WIDENED else values)
-        except BaseException:
-            for finish in images.values():  # the images begun end before their memory goes
-                try:
-                    finish()
-                except Exception:  # the first error is the one reported
-                    pass
-            raise
-        for name, finish in images.items():
-            batch[name] = finish()
+        for name, field in self._picked_schema().items():
+            column = columns[name]
+            if field.type == "image":
+                batch[name] = self._images(name, field, column, indices, threads, path)
+            elif field.type in ("tokens", "ragged"):
+                batch[name], batch[name + LENGTHS_SUFFIX] = _padded(column, indices, field)
+            elif field.type in ("str", "bytes", "json"):
+                batch[name] = _byte_values(column, indices, field.type, name, path)
+            else:
+                values = np.take(np.asarray(column.values), indices, axis=0)
+                batch[name] = torch.from_numpy(values.astype(np.int64) if values.dtype.name in _WIDENED else values)
         return batch
 
-    def _start_images(self, name, field, column, indices, threads, path):
-        """Begin the images of field ``name`` at ``indices``; return the function that finishes them (call it once)."""
+    def _images(self, name, field, column, indices, threads, path):
         decoder = self._decoders.get(name)
         if decoder is None:  # PNG: Pillow, one image at a time
-            images = _png_images(column, indices, field, name, path)
-            return lambda: images
-        parts = Parts([Columns(column.values, _NO_LABELS, column.offsets)], indices, [0, len(indices)], [path])
-        finish = decoder.start_parts(parts, threads=threads)
-        return lambda: finish()[0]
+            return _png_images(column, indices, field, name, path)
+        (images,) = decoder.batch(Columns(column.values, _NO_LABELS, column.offsets), indices, threads=threads)
+        return images
 
     def max_batch_bytes(self, batch_size, **options):
         """Return the most bytes of the tensors of a batch of ``batch_size`` (each aligned as a slot stores it).
