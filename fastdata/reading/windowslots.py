@@ -138,7 +138,8 @@ class WindowSlots:
                         window.leases += 1
                     return rows, used
                 placing = any(window is not None and not window.placed for window in self.windows)
-                if self.stopped or not (placing or (self.queue and self._slot_for(self.queue[0], True) is not None)):
+                coming = bool(self.queue) and self._slot_for(self.queue[0], reading=True) is not None
+                if self.stopped or not (placing or coming):
                     return None, []
                 self.condition.wait()
 
