@@ -1,5 +1,6 @@
 """Plain helpers and constants shared by the tests (fixtures live in conftest.py)."""
 
+import json
 import multiprocessing
 import os
 import warnings
@@ -175,6 +176,29 @@ def train_hf_tokenizer(texts, path, model="wordlevel"):
     tokenizer.train_from_iterator(texts, trainer)
     tokenizer.save(os.fspath(path))
     return path
+
+
+EOD = "<|endoftext|>"
+
+
+def word_corpus(root):
+    """Convert 240 documents of 1 to 400 words (no labels), tokenized by a tokenizer trained here with ``EOD``, into
+    ``root/docs.h5`` and the shard folder ``root/docs`` (shards of 4,000 ids); return the end-of-document id."""
+    hf = pytest.importorskip("tokenizers")
+    from fastdata import convert_text
+
+    rng = np.random.default_rng(3)
+    words = [f"w{number}" for number in range(300)]
+    texts = [" ".join(rng.choice(words, int(rng.choice([1, 2, 7, 40, 400])))) for _ in range(240)]
+    src = root / "docs.jsonl"
+    src.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    tokenizer = hf.Tokenizer(hf.models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = hf.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(texts, hf.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", EOD]))
+    tokenizer.save(str(root / "tok.json"))
+    convert_text(src, root / "docs.h5", tokenizer=root / "tok.json", label_field=None, progress=False)
+    convert_text(src, root / "docs", tokenizer=root / "tok.json", label_field=None, progress=False, shard_size=4000)
+    return tokenizer.token_to_id(EOD)
 
 
 # ---------------------------------------------------------------- worker memory probes

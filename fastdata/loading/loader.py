@@ -351,11 +351,11 @@ def local_readahead(dataset, *, order, rank, world_size, fits, one_reader, share
     ``share``: this is a rank of the process group (not a helper process), which may share windows with the
     other ranks of its machine (a collective; NOTE [shared windows] in reading/sharedwindows.py).
     """
-    if (share and order.shuffle == "block" and isinstance(dataset, PackedDataset) and in_process_group(world_size)
-            and rank == dist.get_rank()):
+    if (share and order.shuffle == "block" and isinstance(dataset, (PackedDataset, TokenSequences))
+            and in_process_group(world_size) and rank == dist.get_rank()):
         shared = dataset.share_windows(order, wanted=one_reader and not fits)
-        if shared is not None:
-            return SharedWindowAhead(shared, rank, world_size)
+        if shared is not None:  # see NOTE [shared sequence windows] in sharedsequences.py: its own ReadsAhead
+            return shared if isinstance(dataset, TokenSequences) else SharedWindowAhead(shared, rank, world_size)
     alone = one_reader and world_size == 1
     if fits and alone and isinstance(dataset, TokenSequences):  # see NOTE [whole stream] in sequencewindows.py
         return dataset.hold_stream(order)

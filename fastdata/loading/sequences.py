@@ -39,8 +39,10 @@ from fastdata.codecs.tokenizers import Tokenizer, eod_id
 from fastdata.errors import FastPathWarning, OptionError
 from fastdata.loading.batchreads import checked_indices
 from fastdata.loading.datasets import PackedDataset
+from fastdata.loading.localranks import share_windows
 from fastdata.loading.records import RecordDataset
 from fastdata.loading.sequencewindows import HOLD_SHARE, SequenceWindows, WholeStream
+from fastdata.loading.sharedsequences import SharedSequenceWindows
 from fastdata.reading.packing import best_fit_rows, counted
 from fastdata.reading.shuffles import available_memory
 from fastdata.reading.windows import window_room
@@ -137,6 +139,23 @@ class TokenSequences:
             return None
         self._windows = SequenceWindows(self, order)
         return self._windows
+
+    def share_windows(self, order, wanted):
+        """Cut concat rows from ``order``'s windows read once by the ranks of this machine together from now on;
+        return the SharedSequenceWindows, or None. A collective of the process group, as PackedDataset's (NOTE
+        [shared sequence windows] in sharedsequences.py): every rank calls it for the same order; ``wanted``: this
+        rank would read windows (one reader, a corpus bigger than the page cache). None where the ranks of this
+        machine cannot all share them, with a FastPathWarning saying why where this rank wanted to.
+        """
+        wanted = wanted and self.packing == "concat" and not self.is_remote  # the others read no windows
+        windows, why = share_windows(self, order, wanted, SharedSequenceWindows)
+        if windows is not None:
+            self._windows = windows
+        elif why:
+            warnings.warn(f"the ranks of this machine do not share the block order's windows of {self.path!r}: "
+                          f"{why}. Its rows are read through the memory map with kernel hints (NOTE [shared "
+                          "sequence windows])", FastPathWarning, stacklevel=3)
+        return windows
 
     def hold_stream(self, order):
         """Cut concat rows from the stream of every document held in memory from now on; return the WholeStream,

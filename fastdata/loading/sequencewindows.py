@@ -95,6 +95,18 @@ class Stream:
         return self._rows[width]
 
 
+class Layout:
+    """Where a window's runs of documents lie in its ids: runs ``[starts[k], stops[k])`` of stream positions at
+    ``places[k]``, ``size`` ids in all, read as ``pieces`` (shard, first document, stop, place), in file order."""
+
+    def __init__(self, starts, stops, places, size, pieces):
+        self.starts, self.stops, self.places, self.size, self.pieces = starts, stops, places, size, pieces
+
+    def stream(self, memory):
+        """Return the Stream of these runs read into ``memory`` (from its start)."""
+        return Stream(self.starts, self.stops, self.places, memory[: self.size], memory)
+
+
 class SequenceWindows:
     """Hold the window of a block order that is read now and the next one, read whole; cut rows' ids from them.
 
@@ -120,6 +132,7 @@ class SequenceWindows:
         self._shard_first = np.append(first[self._shard_starts[:-1]], first[-1] + lengths[-1])
         self._itemsize = sequences.dtype.itemsize
         self._epoch, self._first_step, self._window, self._lag = 0, 0, None, 0
+        self._padded = False  # the epoch's padded last step was reached: its rows wrap to the epoch's first window
         self._window_stop = 0  # the first position past ``_window``: a step before it needs no window work
         self._held, self._lock, self._reader = {}, threading.Lock(), None  # (epoch, window) -> its Stream
         self._files = self._pool = None  # this process's descriptors, and the threads that read a window's shards
@@ -150,12 +163,14 @@ class SequenceWindows:
     def start(self, epoch, step):
         """Begin ``epoch`` at ``step``: hold its window, and read the next."""
         self._epoch, self._first_step, self._window, self._window_stop = epoch, step, None, 0
+        self._padded = False
         self.advance(step)
 
     def advance(self, step):
         """Note that ``step``'s rows are read next: hold their windows (and those of the steps read with it since
         ``step - lag``), read the one after."""
         start, stop = self.order.step_positions(step)
+        self._padded |= stop > self.order.num_samples  # the last step, padded: see ``rows``
         if start >= stop or stop <= self._window_stop:  # the rows lie in the window held since an earlier step
             return
         self._open()  # here, before any thread reads
@@ -202,7 +217,8 @@ class SequenceWindows:
 
     def rows(self, positions, width):
         """Return the stream's ids ``[p, p + width)`` for each position ``p`` (``[N, width]``, the stored dtype, end-of-
-        document ids in place), or None where one lies outside the windows held."""
+        document ids in place), or None where one lies outside the windows held (warned once, unless the
+        epoch's padded last step was reached: it wraps to the epoch's first window, let go long before)."""
         with self._lock:
             held = list(self._held.values())
         for stream in held:  # every row in one window, as in all but the groups that span two: one gather
@@ -217,6 +233,8 @@ class SequenceWindows:
             which[inside] = number
             place[inside] = stream.places[run[inside]] + positions[inside] - stream.starts[run[inside]]
         if (which < 0).any():
+            if self._padded:  # the padded last step's rows: read through the map, as expected (remainder="pad")
+                return None
             self.misses += 1
             if self.misses == 1:
                 warnings.warn("a batch of sequences lies outside the block order's windows read whole (the one read "
@@ -240,8 +258,9 @@ class SequenceWindows:
             if key in self._held:
                 return
         runs = self._read(*key)
-        with self._lock:
-            self._held[key] = runs
+        if runs is not None:  # None: given up (a SharedSequenceWindows closed while it waited for its ranks)
+            with self._lock:
+                self._held[key] = runs
 
     def _read_later(self, key):
         """Read window ``key`` on a thread, unless held or being read."""
@@ -257,8 +276,9 @@ class SequenceWindows:
 
     def _hold_read(self, key):
         runs = self._read(*key)
-        with self._lock:
-            self._held[key] = runs
+        if runs is not None:
+            with self._lock:
+                self._held[key] = runs
 
     def _read(self, epoch, window):
         """Read ``window``'s documents and put their end-of-document ids in; return its Stream."""
@@ -266,34 +286,46 @@ class SequenceWindows:
 
     def _stream_of(self, documents):
         """Return the Stream of the documents of ranges ``documents`` (int64 ``[K, 2]``), read here."""
+        layout = self._layout(documents)
+        with self._lock:
+            memory, self._spare = self._spare, None
+        if memory is None or len(memory) < layout.size:  # see SPARE_ROOM
+            memory = direct_buffer(int(layout.size * SPARE_ROOM) * self._itemsize).view(self.sequences.dtype)
+        self._read_pieces(layout.pieces, memory[: layout.size])
+        return layout.stream(memory)
+
+    def _layout(self, documents):
+        """Return the Layout of the documents of ranges ``documents`` (int64 ``[K, 2]``) in a window's ids."""
         starts = self.sequences._stream()[0]
         documents = documents[np.argsort(documents[:, 0], kind="stable")]
         new = np.r_[True, documents[1:, 0] > np.maximum.accumulate(documents[:, 1])[:-1]]  # runs of documents
         firsts = documents[new, 0]
         stops = np.maximum.reduceat(documents[:, 1], np.flatnonzero(new))
         places = np.r_[0, np.cumsum(starts[stops] - starts[firsts])[:-1]]
-        size = int((starts[stops] - starts[firsts]).sum())
-        with self._lock:
-            memory, self._spare = self._spare, None
-        if memory is None or len(memory) < size:  # see SPARE_ROOM
-            memory = direct_buffer(int(size * SPARE_ROOM) * self._itemsize).view(self.sequences.dtype)
-        ids = memory[:size]
         shard_starts = self._shard_starts  # each shard's first document
-        pieces = {}  # shard -> its runs' documents (first, stop, place in ids), in file order
+        pieces = []  # (shard, first, stop, place in ids): the runs cut where a shard ends, in file order
         for first, stop, place in zip(firsts.tolist(), stops.tolist(), places.tolist()):
-            while first < stop:  # a run cut where a shard ends
+            while first < stop:
                 shard = int(np.searchsorted(shard_starts, first, side="right")) - 1
                 end = min(stop, int(shard_starts[shard + 1]))
-                pieces.setdefault(shard, []).append((first, end, place))
+                pieces.append((shard, first, end, place))
                 place, first = place + int(starts[end] - starts[first]), end
+        pieces.sort()
+        return Layout(starts[firsts], starts[stops], places, int((starts[stops] - starts[firsts]).sum()), pieces)
+
+    def _read_pieces(self, pieces, ids):
+        """Read ``pieces`` (a Layout's, or some of them) into their places in ``ids``, each shard's on a thread."""
+        starts = self.sequences._stream()[0]
+        shards = {}
+        for shard, first, stop, place in pieces:
+            shards.setdefault(shard, []).append((first, stop, place))
 
         def read_shard(runs):
             for first, stop, place in runs:
                 self._read_documents(first, stop, ids[place : place + int(starts[stop] - starts[first])])
 
         self._open()
-        list(self._pool.map(read_shard, pieces.values()))
-        return Stream(starts[firsts], starts[stops], places, ids, memory)
+        list(self._pool.map(read_shard, shards.values()))
 
     def _read_documents(self, first, stop, into):
         """Read documents ``[first, stop)`` into ``into``, each followed by the end-of-document id, CHUNK_IDS of

@@ -50,6 +50,20 @@ def _pages(size):
     return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
+def wait_for(done, why, stopped=None):
+    """Poll ``done`` until true and return True; False once ``stopped()`` (where given); raise TimeoutError
+    (``why()``) past PEER_SECONDS (see NOTE [shared windows])."""
+    deadline, pause = time.monotonic() + PEER_SECONDS, POLL_SECONDS[0]
+    while not done():
+        if stopped is not None and stopped():
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{why()} within {PEER_SECONDS:.0f} s (NOTE [shared windows])")
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_SECONDS[1])
+    return True
+
+
 class SharedMemory:
     """The file the ranks of a machine map: header words ``taken`` and ``read`` ``[SLOTS, ranks]``, then the
     window rows' bytes (page-aligned, for direct reads), then their labels (int64 ``[rows]``).
@@ -155,17 +169,7 @@ class SharedWindowReads(WindowReads):
                               f"{window.key} of {self.store.index.root!r}; its own error says why")
 
     def _wait(self, done, why, stops=False):
-        """Poll ``done`` until true and return True; False once closed (``stops``); raise TimeoutError
-        (``why()``) past PEER_SECONDS."""
-        deadline, pause = time.monotonic() + PEER_SECONDS, POLL_SECONDS[0]
-        while not done():
-            if stops and self._slots.stopped:
-                return False
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{why()} within {PEER_SECONDS:.0f} s (NOTE [shared windows])")
-            time.sleep(pause)
-            pause = min(2 * pause, POLL_SECONDS[1])
-        return True
+        return wait_for(done, why, stopped=(lambda: self._slots.stopped) if stops else None)
 
     def close(self):
         """As WindowReads.close, and wait for this rank's reads under way: none lands in a slot after it."""

@@ -22,10 +22,12 @@ the number of steps hang until the group's timeout; so does the barrier at
 the end, where a rank that ended sooner waits. Writes
 ``out/rank<RANK>.json``: per run its ``len``, its state at the end (or at
 ``stop``), ``alone`` (what ``shuffle=True`` picks on this rank by itself)
-and per epoch per step the labels this rank got and the global batch size
-the reduce summed, and ``readahead`` (the type, rank and world size of
-the loader's read-ahead at the end and whether it follows the sampler's
-order, or null), ``read_paths`` (the dataset's, at the end), ``warnings``
+and per epoch per step the labels this rank got (``rows``: a loader of
+sequences' ``input_ids``) and the global batch size the reduce summed, and
+``readahead`` (the type, rank and world size of the loader's read-ahead at
+the end and whether it follows the sampler's order, or null; with its
+``ids_read``, ``ids_held`` and ``misses`` where it is a
+SharedSequenceWindows), ``read_paths`` (the dataset's, at the end), ``warnings``
 (the FastPathWarnings the run gave) and per step, with ``sums`` in the
 run, ``sum`` (of the batch's image bytes); a run refused with a FastdataError gives ``error`` (its
 message) and ``seconds`` (from the run's start) instead, and the next run
@@ -96,11 +98,11 @@ def iterate(dataset, spec, loader=None):
     for epoch in range(spec["epochs"]):
         steps = []
         for batch in loader:
-            labels = batch[-1]
-            size = torch.tensor([len(labels)])
+            got = batch["input_ids"] if isinstance(batch, dict) else batch[-1]  # sequences' rows, or labels
+            size = torch.tensor([len(got)])
             if spec.get("reduce", True):
                 dist.all_reduce(size)
-            steps.append({"labels": labels.tolist(), "global": int(size)})
+            steps.append({"rows" if isinstance(batch, dict) else "labels": got.tolist(), "global": int(size)})
             if spec.get("sums"):
                 steps[-1]["sum"] = int(batch[0].numpy().sum(dtype=np.int64))
             if spec.get("announce") == dist.get_rank():
@@ -113,20 +115,28 @@ def iterate(dataset, spec, loader=None):
         if state is not None:
             break
     result = {"len": len(loader), "epochs": epochs, "state": state or loader.state_dict(),
-              "alone": choose_shuffle(dataset)[0], "readahead": readahead_of(loader),
+              "alone": choose_shuffle(dataset)[0], "readahead": readahead_of(loader, settle=state is None),
               "read_paths": dataset.read_paths()}
     if hasattr(loader, "close"):
         loader.close()
     return result
 
 
-def readahead_of(loader):
-    """Return the type, rank and world size of ``loader``'s read-ahead, and whether it follows its order; or None."""
+def readahead_of(loader, settle):
+    """Return the type, rank and world size of ``loader``'s read-ahead, and whether it follows its order; or None.
+
+    ``settle``: the epochs ran whole, so the read of the next epoch's first window is waited for.
+    """
     readahead = loader.steps.readahead
     if readahead is None:
         return None
-    return {"type": type(readahead).__name__, "rank": readahead.rank, "world_size": readahead.world_size,
-            "follows": readahead.order is loader.sampler.order}
+    described = {"type": type(readahead).__name__, "rank": readahead.rank, "world_size": readahead.world_size,
+                 "follows": readahead.order is loader.sampler.order}
+    if hasattr(readahead, "ids_read"):  # SharedSequenceWindows: what it read and held, and its misses
+        if settle and readahead._reader is not None:  # after whole epochs every rank's thread reads the next
+            readahead._reader.join()  # epoch's first window; stopped early, a rank may have read further ahead
+        described.update(ids_read=readahead.ids_read, ids_held=readahead.ids_held, misses=readahead.misses)
+    return described
 
 
 def main(spec_path, rank):

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import free_port, memory_short_of
+from support import free_port, memory_short_of, word_corpus
 
 from fastdata import make_loader, open_dataset
 from fastdata.errors import OptionError
@@ -399,6 +399,82 @@ def test_ranks_sharing_windows_resume_mid_epoch_on_another_number_of_ranks(conve
     assert global_epochs(second, 0, lookup) == [uninterrupted[1][STOP[1] :], uninterrupted[2]]
     for result in (*first, *second):
         assert result[0]["readahead"]["type"] == "SharedWindowAhead" and result[0]["warnings"] == []
+
+
+@pytest.fixture(scope="module")
+def token_folder(tmp_path_factory):
+    """``(shard folder, eod id)``: support.word_corpus's 240 documents converted by ``fastdata convert text``."""
+    root = tmp_path_factory.mktemp("tokens")
+    eod = word_corpus(root)
+    return root / "docs", eod
+
+
+SEQUENCES = {"shuffle": "block", "seed": 9, "block_size": 4, "window": 6, "seq_len": 97}  # ~9 windows an epoch
+
+
+def global_rows(results, run):
+    """Per epoch per step: the sorted union of the ranks' rows of run ``run`` (a batch's rows come sorted)."""
+    per_rank = [result[run]["epochs"] for result in results]
+    return [[sorted(row for share in step for row in share["rows"]) for step in zip(*epoch, strict=True)]
+            for epoch in zip(*per_rank, strict=True)]
+
+
+def reference_rows(path, options, epochs):
+    """Per epoch per step: the sorted ``input_ids`` of the global batches of one process reading ``options``."""
+    loader = make_loader(open_dataset(path), GLOBAL_BATCH, **options)
+    return [[sorted(batch["input_ids"].tolist()) for batch in loader] for _ in range(epochs)]
+
+
+def assert_shared_sequence_windows(results, run):
+    """Every rank cut every row from windows its machine read once: each window's ids by exactly one rank."""
+    described = [result[run]["readahead"] for result in results]
+    for rank, (result, readahead) in enumerate(zip(results, described, strict=True)):
+        assert readahead["type"] == "SharedSequenceWindows" and readahead["rank"] == rank, readahead
+        assert readahead["misses"] == 0 and readahead["ids_read"] > 0 and result[run]["warnings"] == []
+    assert len({readahead["ids_held"] for readahead in described}) == 1  # the same windows on every rank
+    assert sum(readahead["ids_read"] for readahead in described) == described[0]["ids_held"]
+
+
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_the_ranks_of_a_machine_read_each_window_of_sequences_once_into_memory_they_share(token_folder, tmp_path,
+                                                                                         world_size):
+    # NOTE [shared sequence windows] in loading/sharedsequences.py: the global batches of one process, the
+    # padded last step of each epoch included (it wraps to the epoch's first window, read through the maps)
+    path, eod = token_folder
+    options, before = {**SEQUENCES, "eod": eod}, shared_files()
+    memory = memory_short_of(open_dataset(path).nbytes)
+    results = spawn(path, world_size, [run_spec(GLOBAL_BATCH // world_size, options, 2, available_memory=memory)],
+                    tmp_path)
+    assert global_rows(results, 0) == reference_rows(path, {**options, "remainder": "pad"}, 2)
+    assert_shared_sequence_windows(results, 0)
+    assert shared_files() <= before
+
+
+def test_ranks_sharing_windows_of_sequences_resume_mid_epoch_on_another_number_of_ranks(token_folder, tmp_path):
+    path, eod = token_folder
+    options, memory = {**SEQUENCES, "eod": eod}, memory_short_of(open_dataset(path).nbytes)
+    first = spawn(path, 2, [run_spec(GLOBAL_BATCH // 2, options, 2, stop=STOP, available_memory=memory)],
+                  tmp_path / "before")
+    state = first[0][0]["state"]
+    second = spawn(path, 3, [run_spec(GLOBAL_BATCH // 3, options, 2, state=state, available_memory=memory)],
+                   tmp_path / "after")
+    uninterrupted = reference_rows(path, {**options, "remainder": "pad"}, 3)
+    assert global_rows(first, 0)[1] == uninterrupted[1][: STOP[1]]
+    assert global_rows(second, 0) == [uninterrupted[1][STOP[1] :], uninterrupted[2]]
+    assert_shared_sequence_windows(second, 0)
+
+
+def test_ranks_whose_global_batch_spans_three_windows_of_sequences_say_so_and_read_the_same_batches(token_folder,
+                                                                                                     tmp_path):
+    path, eod = token_folder
+    options = {**SEQUENCES, "eod": eod, "block_size": 2, "window": 3}  # windows of 6 sequences, batches of 12
+    results = spawn(path, 2, [run_spec(GLOBAL_BATCH // 2, options, 1,
+                                       available_memory=memory_short_of(open_dataset(path).nbytes))], tmp_path)
+    assert global_rows(results, 0) == reference_rows(path, {**options, "remainder": "pad"}, 1)
+    for result in results:
+        assert result[0]["readahead"]["type"] == "ReadAhead"
+        [warned] = result[0]["warnings"]
+        assert "do not share" in warned and "a global batch of 12 sequences can span three windows" in warned
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """make_loader(seq_len=...): language-model sequences cut at load time from documents (NOTE [concat packing])."""
 
-import json
 import re
 import sys
 import warnings
@@ -10,7 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import memory_short_of, run_cli, stored_sequences
+from support import EOD, memory_short_of, run_cli, stored_sequences, word_corpus
 
 from fastdata import Field, OptionError, TokenSequences, convert_text, make_loader, mix, open_dataset, write
 from fastdata.errors import FastPathWarning
@@ -22,28 +21,15 @@ from fastdata.reading.readahead import ReadAhead
 from fastdata.reading.shuffles import BLOCK_BYTES, block_settings
 from fastdata.reading.windows import direct_alignment
 
-EOD = "<|endoftext|>"
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """``(file, shard folder, documents [ids], eod id)``: 240 documents of 1 to 400 words converted without labels."""
+    """``(file, shard folder, documents [ids], eod id)``: support.word_corpus's 240 documents."""
     root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(3)
-    words = [f"w{number}" for number in range(300)]
-    texts = [" ".join(rng.choice(words, int(rng.choice([1, 2, 7, 40, 400])))) for _ in range(240)]
-    src = root / "docs.jsonl"
-    src.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    hf = pytest.importorskip("tokenizers")
-    tokenizer = hf.Tokenizer(hf.models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = hf.pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(texts, hf.trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", EOD]))
-    tokenizer.save(str(root / "tok.json"))
-    convert_text(src, root / "docs.h5", tokenizer=root / "tok.json", label_field=None, progress=False)
-    convert_text(src, root / "docs", tokenizer=root / "tok.json", label_field=None, progress=False, shard_size=4000)
+    eod = word_corpus(root)
     documents, _, metadata = stored_sequences(root / "docs.h5")
     assert sum(map(len, documents)) > 20_000 and len(documents) == 240
-    return root / "docs.h5", root / "docs", documents, tokenizer.token_to_id(EOD)
+    return root / "docs.h5", root / "docs", documents, eod
 
 
 def _stream(documents, eod):
