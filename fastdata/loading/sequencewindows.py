@@ -54,8 +54,9 @@ each run's stored ids straight into the window's memory and spreading them
 in place read a window alone faster (2.12 against 1.63 GB/s,
 /tmp/lmt/winab.py) but not in the loader (0.69-0.76 against 0.72-0.73),
 so it was left out.
-Workers and ranks keep the hints: each would read every window; a helper
-process reads them itself (NOTE [read-ahead in the helper] in helper.py). A row
+Workers keep the hints: each would read every window; the ranks of a
+machine share theirs (NOTE [shared sequence windows] in
+sharedsequences.py); a helper process reads them itself (NOTE [read-ahead in the helper] in helper.py). A row
 outside the windows held (a sampler walked by hand beside the loader) is
 read through the map and warns once.
 """

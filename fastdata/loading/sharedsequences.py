@@ -18,7 +18,8 @@ it, and cuts rows from window n once every rank has read its pieces. A
 slot holds the ids of the ``window`` largest blocks (largest_window_ids),
 and a group of batches spans two windows at most (``batches_per_read``
 counts global batches), so two slots do: a global batch longer than the
-shortest window is refused. Measured: see NOTE [shared sequence reads].
+shortest window is refused. Not yet measured against the kernel hints
+the ranks had before (issue 31).
 """
 
 import os
