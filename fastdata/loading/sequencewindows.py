@@ -56,9 +56,9 @@ in place read a window alone faster (2.12 against 1.63 GB/s,
 so it was left out.
 Workers keep the hints: each would read every window; the ranks of a
 machine share theirs (NOTE [shared sequence windows] in
-sharedsequences.py); a helper process reads them itself (NOTE [read-ahead in the helper] in helper.py). A row
-outside the windows held (a sampler walked by hand beside the loader) is
-read through the map and warns once.
+sharedsequences.py); a helper process reads them itself (NOTE [read-ahead
+in the helper] in helper.py). A row outside the windows held (a sampler
+walked by hand beside the loader) is read through the map and warns once.
 """
 
 import os

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from fastdata.errors import FormatError
 from fastdata.loading.sequencewindows import SequenceWindows
-from fastdata.reading.sharedwindows import wait_for
+from fastdata.reading.sharedwindows import wait_for, window_number
 from fastdata.reading.windows import window_room
 from fastdata.reading.windowslots import SLOTS
 
@@ -52,21 +52,17 @@ class SharedSequenceWindows(SequenceWindows):
     process (a forked child) it reads nothing and holds no row.
     """
 
-    drop_behind = True
-
     def __init__(self, sequences, order, rank, world_size):
         super().__init__(sequences, order)
         self.rank, self.world_size = rank, world_size
         self.slot_ids = max(1, largest_window_ids(sequences, order))
         self.shared, self._owner, self._slots, self._stopped = None, None, None, False
-        self._windows_per_epoch = -(-order.num_blocks // order.window)
         self.ids_held = self.ids_read = 0  # stream ids of the windows held, and of the pieces this rank read of them
 
     @classmethod
     def of(cls, sequences, order):
-        """Return ``(windows, None)`` for this rank of the process group, or ``(None, why not)``."""
-        if sequences.packing != "concat" or sequences.is_remote or order.shuffle != "block":
-            return None, f"{sequences.packing} rows of a block order are not read in windows (concat rows are)"
+        """Return ``(windows, None)`` for this rank of the process group, or ``(None, why not)``: concat rows of
+        local files in a block order (TokenSequences.share_windows asks for no other)."""
         shortest = order.window * order.block_size - order.block_size + 1
         if order.global_batch > shortest:
             return None, (f"a global batch of {order.global_batch} sequences can span three windows of "
@@ -88,7 +84,7 @@ class SharedSequenceWindows(SequenceWindows):
 
     def sequence(self, key):
         """Return window ``key``'s (``(epoch, window)``) place in the order's sequence of windows."""
-        return key[0] * self._windows_per_epoch + key[1]
+        return window_number(self.order, key)
 
     def batches_per_read(self, batch_size):
         """As SequenceWindows', counting the global batches of the order: every rank's groups span its steps."""

@@ -50,6 +50,12 @@ def _pages(size):
     return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
+def window_number(order, key):
+    """Return window ``key``'s (``(epoch, window)``) place in ``order``'s sequence of windows: its slot is this
+    mod SLOTS on every rank (see NOTE [shared windows])."""
+    return key[0] * -(-order.num_blocks // order.window) + key[1]
+
+
 def wait_for(done, why, stopped=None):
     """Poll ``done`` until true and return True; False once ``stopped()`` (where given); raise TimeoutError
     (``why()``) past PEER_SECONDS (see NOTE [shared windows])."""
@@ -101,7 +107,6 @@ class SharedWindowReads(WindowReads):
     def __init__(self, store, order, alignment):
         super().__init__(store, order, alignment)
         self.shared, self._owner = None, None
-        self._windows_per_epoch = -(-order.num_blocks // order.window)
 
     def memory_bytes(self):
         """Return ``(bytes of the rows' memory, labels)`` this reads into: what SharedMemory holds for it."""
@@ -119,7 +124,7 @@ class SharedWindowReads(WindowReads):
 
     def sequence(self, key):
         """Return window ``key``'s (``(epoch, window)``) place in the order's sequence of windows."""
-        return key[0] * self._windows_per_epoch + key[1]
+        return window_number(self.order, key)
 
     def want(self, keys):
         if os.getpid() != self._owner:
@@ -179,8 +184,7 @@ class SharedWindowReads(WindowReads):
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __getstate__(self):
-        return {**super().__getstate__(), "shared": None, "_owner": None,
-                "_windows_per_epoch": self._windows_per_epoch}
+        return {**super().__getstate__(), "shared": None, "_owner": None}
 
 
 class SharedRaggedWindowReads(SharedWindowReads, RaggedWindowReads):
