@@ -23,7 +23,12 @@ end-of-document id, as nanoGPT's ``train.bin`` and through LitData's
   with ``shuffle=True`` (the block order of sequences, NOTE [sequence
   blocks]), tokens_only over the same documents written by ``fastdata.write``
   as a record file's tokens field (``records``: made once beside the
-  corpus), nanoGPT's get_batch and LitData.
+  corpus), nanoGPT's get_batch and LitData; and RANKS gloo ranks of one
+  machine (spawned in the cgroup, an all_reduce a step, each BATCH rows a
+  step) reading tokens_only in a block order of RANK_WINDOW blocks a window,
+  through the windows they share (``ranks``, NOTE [shared sequence windows])
+  and through the kernel hints they had before (``ranks_hints``: no file to
+  share, the rank's warning recorded).
 
 A "sample" is a sequence of SEQ_LEN tokens; tokens/s = samples/s x SEQ_LEN.
 """
@@ -41,7 +46,8 @@ from fastdata.measure.tables import markdown_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FULL = {"lmscale_docs": 1_900_000, "lmscale_cache_limit": 1 << 30, "lmscale_seconds": 15.0, "lmscale_rounds": 5}
-QUICK = {"lmscale_docs": 3000, "lmscale_cache_limit": 512 << 20, "lmscale_seconds": 0.5, "lmscale_rounds": 2}
+# QUICK's cgroup holds the ranks rows' processes (torch and gloo: ~300 MB each; 512 MB killed one in scale.py)
+QUICK = {"lmscale_docs": 3000, "lmscale_cache_limit": 1 << 30, "lmscale_seconds": 0.5, "lmscale_rounds": 2}
 SEQ_LEN, BATCH, EOD = lm.SEQ_LEN, lm.BATCH, lm.EOD
 VOCAB_WORDS = 30_000  # distinct words of the made-up vocabulary
 MEAN_WORDS = 270  # mean words a document (the lm section's reviews: ~270 tokens)
@@ -53,8 +59,14 @@ WARM = ("tokens", "concat", "nanogpt", "copy", "litdata")  # timed in turn, warm
 WARM_TARGETS = {"copy": ("tokens", "the copy of the same rows (warm)", VS_COPY),
                 "nanogpt": ("concat", "nanoGPT get_batch (warm)", VS_PEER),
                 "litdata": ("tokens", "LitData TokensLoader (warm)", VS_PEER)}
+VS_HINTS = 1.0  # the ranks sharing windows over the same ranks keeping kernel hints
 VS_TEXT = 0.9  # a record field's tokens_only from disk over the text folder's: the same reads
-COLD = ("limit", "tokens", "records", "limit", "concat", "nanogpt", "litdata")  # each in a fresh process, the cgroup
+COLD = ("limit", "tokens", "records", "limit", "concat", "nanogpt", "litdata", "ranks", "ranks_hints")  # each in a
+# fresh process, in the cgroup
+RANKS = 2  # gloo ranks of the ranks rows
+# Two of the default windows (1024 blocks of ~256 KiB: ~0.5 GB shared) do not fit the 1 GiB cgroup beside two ranks
+# (window_room refuses them, NOTE [window room]); 256 blocks do.
+RANK_WINDOW = 256
 
 
 def settings(config):
@@ -264,13 +276,16 @@ def measure_main():
     paths = files["shard_paths"] + files["record_paths"] + [files["bin"]] + _litdata_paths(files)
     drop = drop_from_page_cache(paths)
     counter = ReadCounter(files["bin"]).start()
-    tokens, seconds, first = _read_for(what, files, args["seconds"])
-    disk, process = counter.stop()
+    if what.startswith("ranks"):
+        tokens, seconds, first, ranks = _read_with_ranks(what, files, args["seconds"])
+    else:
+        (tokens, seconds, first), ranks = _read_for(what, files, args["seconds"]), {}
+    disk, process = counter.stop()[0], ranks.pop("process_bytes", counter.process_bytes)
     stored = tokens * np.dtype(np.uint16).itemsize  # the bytes of ids delivered
     print(json.dumps({"drop": drop, "tokens": tokens, "seconds": seconds, "first_batch_seconds": first,
                       "tokens_per_s": tokens / seconds, "mb_per_s": stored / seconds / 1e6, "disk_bytes": disk,
                       "process_bytes": process, "amplification": process / max(stored, 1),
-                      "device_amplification": disk / max(stored, 1)}))
+                      "device_amplification": disk / max(stored, 1), **ranks}))
 
 
 def _read_for(what, files, max_seconds):
@@ -293,6 +308,80 @@ def _read_for(what, files, max_seconds):
         rows += len(next(batches))
     seconds = time.perf_counter() - counted_from
     return rows * SEQ_LEN, seconds, first
+
+
+def _read_with_ranks(what, files, max_seconds):
+    """Read tokens_only rows with RANKS spawned gloo ranks for ``max_seconds``; return ``(tokens, seconds, seconds
+    to the first batch, {their processes' read bytes, read-ahead, order, misses and warnings})``: tokens summed,
+    seconds the longest rank's, each rank counting from its first batch."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = os.path.join(os.path.dirname(files["fastdata"]), f"ranks-{os.getpid()}.json")
+    mp.start_processes(_rank_main, args=(what, files, max_seconds, port, out), nprocs=RANKS, join=True,
+                       start_method="spawn")
+    with open(out) as f:
+        ranks = json.load(f)
+    os.remove(out)
+    return (sum(rank["tokens"] for rank in ranks), max(rank["seconds"] for rank in ranks),
+            max(rank["first"] for rank in ranks),
+            {"process_bytes": sum(rank["process_bytes"] for rank in ranks), "readahead": ranks[0]["readahead"],
+             "order": ranks[0]["order"], "misses": [rank["misses"] for rank in ranks],
+             "fast_path_warnings": sorted({w for rank in ranks for w in rank["warnings"]})})
+
+
+def _rank_main(rank, what, files, max_seconds, port, out):
+    """One rank of _read_with_ranks: BATCH rows a step, an all_reduce a step (every rank takes as many)."""
+    import datetime
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from fastdata import make_loader, open_dataset
+    from fastdata.errors import FastPathWarning
+    from fastdata.measure.engine import close_loader
+    from fastdata.measure.pagecache import process_read_bytes
+    from fastdata.reading import sharedwindows
+
+    if what == "ranks_hints":  # no file to share: each rank keeps the kernel hints (it warns)
+        sharedwindows.SHARED_FOLDER = os.path.join(os.path.dirname(files["fastdata"]), "no-shared-folder")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=RANKS, timeout=datetime.timedelta(seconds=120))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FastPathWarning)
+        loader = make_loader(open_dataset(files["fastdata"]), BATCH, shuffle="block", window=RANK_WINDOW,
+                             seq_len=SEQ_LEN, eod=files["eod"], tokens_only=True)
+        dist.barrier()
+        started, done = time.perf_counter(), torch.zeros(1)
+        rows, first, first_rows = 0, None, 0
+        while not done.item():
+            for batch in loader:
+                rows += len(batch["tokens"])
+                if first is None:  # counted from the first batch on: see NOTE [first batch apart] in scale.py
+                    first, first_rows, counted_from = time.perf_counter() - started, rows, time.perf_counter()
+                    before = process_read_bytes()
+                done[0] = float(time.perf_counter() - counted_from >= max_seconds)
+                dist.all_reduce(done)
+                if done.item():
+                    break
+        seconds, read = time.perf_counter() - counted_from, process_read_bytes() - before
+        readahead = loader.steps.readahead
+        close_loader(loader)
+    mine = {"tokens": (rows - first_rows) * SEQ_LEN, "seconds": seconds, "first": first, "process_bytes": read,
+            "readahead": type(readahead).__name__, "misses": getattr(readahead, "misses", None),
+            "order": [loader.sampler.order.shuffle, loader.sampler.order.block_size, loader.sampler.order.window],
+            "warnings": [str(w.message) for w in caught if issubclass(w.category, FastPathWarning)]}
+    ranks = [None] * RANKS
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(ranks, f)
+    dist.destroy_process_group()
 
 
 def _batches(what, files):
@@ -349,6 +438,17 @@ def targets_of(results):
                                     "(tokens_only rows)", "value": theirs / ours, "threshold": VS_TEXT,
                             "info": f"{theirs / 1e6:,.1f}M vs {ours / 1e6:,.1f}M tokens/s; amplification "
                                     f"{by_what['records']['amplification']:.2f}"})
+        if "ranks" in by_what and "ranks_hints" in by_what:
+            shared, hints = by_what["ranks"], by_what["ranks_hints"]
+            targets.append({"name": f"lmscale: {RANKS} ranks' tokens_only rows from disk through the windows they "
+                                    "share over the kernel hints", "value": shared["tokens_per_s"] /
+                            hints["tokens_per_s"], "threshold": VS_HINTS,
+                            "info": f"{shared['tokens_per_s'] / 1e6:,.1f}M vs {hints['tokens_per_s'] / 1e6:,.1f}M "
+                                    f"tokens/s ({shared['tokens_per_s'] / statistics.mean(limits):.2f} and "
+                                    f"{hints['tokens_per_s'] / statistics.mean(limits):.2f} of the sequential read; "
+                                    f"an all_reduce a step); read-ahead {shared['readahead']} vs "
+                                    f"{hints['readahead']}; amplification {shared['amplification']:.2f} vs "
+                                    f"{hints['amplification']:.2f}"})
         for peer, name in (("nanogpt", "nanoGPT get_batch"), ("litdata", "LitData TokensLoader")):
             if peer in by_what:
                 theirs = by_what[peer]["tokens_per_s"]
@@ -371,7 +471,7 @@ def text(results):
                  "-" if "skipped" in row else f"{row['mb_per_s']:,.0f}",
                  "-" if "skipped" in row else f"{row['amplification']:.2f}",
                  "-" if "skipped" in row else f"{row['first_batch_seconds']:.2f}",
-                 row.get("skipped", "")) for row in cold["rows"]]
+                 row.get("skipped") or _read_ahead_note(row)) for row in cold["rows"]]
         cold_text = "\n".join([
             f"Bigger than the page cache: each row {conf['lmscale_seconds']:g} s in a fresh process in a memory "
             f"cgroup of {cold['limit_bytes'] / 1e9:.2f} GB (RSS included), every file evicted first; MB/s: the ids "
@@ -385,3 +485,11 @@ def text(results):
         f"Converted by fastdata convert text (2 workers) in {files['convert_seconds']:.0f} s"
         + (f"; the corpus made in {made:.0f} s this run" if made else " (cached from an earlier run)") + ".", "",
         warm, "", cold_text])
+
+
+def _read_ahead_note(row):
+    """Return a ranks row's read-ahead and how many FastPathWarnings its ranks gave; "" for any other row."""
+    if "readahead" not in row:
+        return ""
+    warned = len(row["fast_path_warnings"])
+    return f"{RANKS} ranks, {row['readahead']}" + (f", {warned} warning{'s' * (warned > 1)}" if warned else "")

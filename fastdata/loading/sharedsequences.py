@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from fastdata.errors import FormatError
 from fastdata.loading.sequencewindows import SequenceWindows
-from fastdata.reading.sharedwindows import wait_for, window_number
+from fastdata.reading.sharedwindows import wait_for, wait_for_reads, window_number
 from fastdata.reading.windows import window_room
 from fastdata.reading.windowslots import SLOTS
 
@@ -131,9 +131,9 @@ class SharedSequenceWindows(SequenceWindows):
             self._held = {held: stream for held, stream in self._held.items() if self.sequence(held) % SLOTS != slot}
         taken, read = shared.taken[slot], shared.read[slot]
         taken[shared.rank] = mark
-        if not self._wait(lambda: bool((taken == mark).all()),
-                          lambda: f"ranks {np.flatnonzero(taken != mark).tolist()} of this machine did not take the "
-                                  f"slot of window {key}"):
+        if not wait_for(lambda: bool((taken == mark).all()),
+                        lambda: f"ranks {np.flatnonzero(taken != mark).tolist()} of this machine did not take the "
+                                f"slot of window {key}", stopped=lambda: self._stopped):
             return None
         mine = layout.pieces[(shared.ranks - number % shared.ranks + shared.rank) % shared.ranks :: shared.ranks]
         try:
@@ -144,17 +144,7 @@ class SharedSequenceWindows(SequenceWindows):
         read[shared.rank] = mark
         starts = self.sequences._stream()[0]
         self.ids_read += sum(int(starts[stop] - starts[first]) for _, first, stop, _ in mine)
-        if not self._wait(lambda: bool(((read == mark) | (read == -mark)).all()),
-                          lambda: f"ranks {np.flatnonzero(np.abs(read) != mark).tolist()} of this machine did not "
-                                  f"read their share of window {key} of {self.sequences.path!r}: are they still "
-                                  "iterating this loader?"):
+        if not wait_for_reads(read, mark, f"window {key} of {self.sequences.path!r}", stopped=lambda: self._stopped):
             return None
-        failed = np.flatnonzero(read == -mark)
-        if len(failed):
-            raise FormatError(f"rank {int(failed[0])} of this machine could not read its share of window {key} of "
-                              f"{self.sequences.path!r}; its own error says why")
         self.ids_held += layout.size
         return layout.stream(self._slots[slot])
-
-    def _wait(self, done, why):
-        return wait_for(done, why, stopped=lambda: self._stopped)

@@ -70,6 +70,20 @@ def wait_for(done, why, stopped=None):
     return True
 
 
+def wait_for_reads(read, mark, what, stopped=None):
+    """Wait for every rank's word of ``read`` to be ``mark`` (its share of ``what`` read) or ``-mark`` (failed);
+    return False once ``stopped()``; raise FormatError naming a rank that failed, TimeoutError as wait_for."""
+    if not wait_for(lambda: bool((np.abs(read) == mark).all()),
+                    lambda: f"ranks {np.flatnonzero(np.abs(read) != mark).tolist()} of this machine did not read "
+                            f"their share of {what}: are they still iterating this loader?", stopped):
+        return False
+    failed = np.flatnonzero(read == -mark)
+    if len(failed):
+        raise FormatError(f"rank {int(failed[0])} of this machine could not read its share of {what}; its own "
+                          "error says why")
+    return True
+
+
 class SharedMemory:
     """The file the ranks of a machine map: header words ``taken`` and ``read`` ``[SLOTS, ranks]``, then the
     window rows' bytes (page-aligned, for direct reads), then their labels (int64 ``[rows]``).
@@ -164,14 +178,7 @@ class SharedWindowReads(WindowReads):
         super()._wait_read(window)
         mark = self.sequence(window.key) + 1
         read = self.shared.read[(mark - 1) % SLOTS]
-        self._wait(lambda: bool(((read == mark) | (read == -mark)).all()),
-                   lambda: f"ranks {np.flatnonzero(np.abs(read) != mark).tolist()} of this machine did not read "
-                           f"their share of window {window.key} of {self.store.index.root!r}: are they still "
-                           "iterating this loader?")
-        failed = np.flatnonzero(read == -mark)
-        if len(failed):
-            raise FormatError(f"rank {int(failed[0])} of this machine could not read its share of window "
-                              f"{window.key} of {self.store.index.root!r}; its own error says why")
+        wait_for_reads(read, mark, f"window {window.key} of {self.store.index.root!r}")
 
     def _wait(self, done, why, stops=False):
         return wait_for(done, why, stopped=(lambda: self._slots.stopped) if stops else None)

@@ -76,4 +76,12 @@ def test_every_reader_is_timed_warm_and_from_disk_and_the_targets_are_ratios_of_
     records = next(row for row in rows if row["what"] == "records")["tokens_per_s"]
     target = by_name["lmscale: a record file's tokens field from disk over the text folder's (tokens_only rows)"]
     assert target["value"] == pytest.approx(records / tokens)
+    ranks = {row["what"]: row for row in rows if row["what"].startswith("ranks")}
+    assert ranks["ranks"]["misses"] == [0] * lmscale.RANKS or ranks["ranks"]["readahead"] != "SharedSequenceWindows"
+    assert ranks["ranks"]["order"] == ranks["ranks_hints"]["order"]
+    assert ranks["ranks"]["order"][2] == lmscale.RANK_WINDOW
+    assert ranks["ranks_hints"]["readahead"] != "SharedSequenceWindows"
+    target = by_name[f"lmscale: {lmscale.RANKS} ranks' tokens_only rows from disk through the windows they share "
+                     "over the kernel hints"]
+    assert target["value"] == pytest.approx(ranks["ranks"]["tokens_per_s"] / ranks["ranks_hints"]["tokens_per_s"])
     assert "Bigger than the page cache" in section["text"] and "M tokens/s" in section["text"]
