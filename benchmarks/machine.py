@@ -6,6 +6,7 @@ fastdata.measure.memory (see NOTE [worker memory] there).
 """
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -139,3 +140,10 @@ def _mean_residency(paths):
             return None
         total, resident = total + size, resident + fraction * size
     return resident / total if total else 1.0
+
+
+def free_port():
+    """Return a TCP port on 127.0.0.1 that nothing listens on now (for a gloo group's MASTER_PORT)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -314,13 +314,11 @@ def _read_with_ranks(what, files, max_seconds):
     """Read tokens_only rows with RANKS spawned gloo ranks for ``max_seconds``; return ``(tokens, seconds, seconds
     to the first batch, {their processes' read bytes, read-ahead, order, misses and warnings})``: tokens summed,
     seconds the longest rank's, each rank counting from its first batch."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from benchmarks.machine import free_port
+
+    port = free_port()
     out = os.path.join(os.path.dirname(files["fastdata"]), f"ranks-{os.getpid()}.json")
     mp.start_processes(_rank_main, args=(what, files, max_seconds, port, out), nprocs=RANKS, join=True,
                        start_method="spawn")

@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -359,12 +358,11 @@ def measure_ranks(args):
     for ``seconds`` after evicting the files; return their summed rate, I/O and read paths (rank 0's summary)."""
     import torch.multiprocessing as mp
 
+    from benchmarks.machine import free_port
     from fastdata.measure.pagecache import ReadCounter
 
     drop = _cold(args["paths"])
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     out = os.path.join(os.path.dirname(args["path"]), f"ranks-{os.getpid()}.json")
     counter = ReadCounter(args["paths"][0]).start()  # the device's bytes; each rank counts its own process's
     mp.start_processes(ranks_rank, args=(args, port, out), nprocs=args["world_size"], join=True,
@@ -503,9 +501,9 @@ def ddp_driver(args):
     """Spawn ``world_size`` ranks on a free port; return rank 0's summary."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from benchmarks.machine import free_port
+
+    port = free_port()
     mp.start_processes(ddp_rank, args=(args, port), nprocs=args["world_size"], join=True, start_method="spawn")
     with open(args["out"]) as f:
         return json.load(f)
